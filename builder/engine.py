@@ -1,0 +1,139 @@
+"""The Docker boundary: the CLI for BuildKit builds, the SDK for images and containers.
+
+The Docker SDK cannot do BuildKit builds (no secrets, no cache mounts), so builds go through the
+`docker` CLI: `docker buildx build --load` where the plugin exists, otherwise `DOCKER_BUILDKIT=1
+docker build` on a client that still embeds BuildKit (< 23). The binary is a setting (BUILDER_DOCKER)
+because a machine can have a modern client without buildx next to an older one that works.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from builder import log
+from builder.errors import EnvironmentProblem
+
+CANDIDATES = ("docker", "/usr/bin/docker")
+START_HINT = "start one: `sudo systemctl start docker`, or `dockerd >/tmp/dockerd.log 2>&1 &` as root"
+
+
+@dataclass(frozen=True)
+class Client:
+    binary: str
+    mode: str  # "buildx" or "legacy"
+
+    def build_argv(self) -> list[str]:
+        return [self.binary, "buildx", "build", "--load"] if self.mode == "buildx" else [self.binary, "build"]
+
+    def env(self) -> dict:
+        return dict(os.environ, DOCKER_BUILDKIT="1")
+
+
+def _quiet(argv: list[str], timeout: int = 20) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return subprocess.CompletedProcess(argv, 127, "", str(exc))
+
+
+@functools.lru_cache(maxsize=1)
+def client() -> Client:
+    """Pick the docker binary that can run BuildKit builds."""
+    setting = os.environ.get("BUILDER_DOCKER")
+    candidates = [setting] if setting else [c for c in CANDIDATES if shutil.which(c)]
+    if not candidates:
+        raise EnvironmentProblem("no `docker` client found", "install Docker (Debian: apt-get install docker.io)")
+    for binary in candidates:
+        if _quiet([binary, "buildx", "version"]).returncode == 0:
+            return Client(binary, "buildx")
+        version = _quiet([binary, "version", "--format", "{{.Client.Version}}"]).stdout.strip()
+        if version and int(version.split(".")[0]) < 23:
+            return Client(binary, "legacy")
+    raise EnvironmentProblem(
+        f"no docker client here can run BuildKit builds (tried {', '.join(candidates)})",
+        "install the buildx plugin, or set BUILDER_DOCKER to a docker client older than 23",
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def sdk():
+    """A Docker SDK client, after checking that an engine answers and supports BuildKit."""
+    import docker
+
+    try:
+        api = docker.from_env(timeout=600)
+        version = api.version()
+    except docker.errors.DockerException as exc:
+        raise EnvironmentProblem(f"no Docker engine answers ({str(exc).splitlines()[0][:160]})", START_HINT) from None
+    server = version.get("Version", "0")
+    major, minor = (int(x) for x in server.split(".")[:2])
+    if (major, minor) < (18, 9):
+        raise EnvironmentProblem(f"Docker engine {server} is too old for BuildKit", "upgrade to 18.09 or newer")
+    return api
+
+
+def run_cli(argv: list[str], mask: tuple[str, ...] = (), timeout: int | None = None,
+            stream: bool = True) -> subprocess.CompletedProcess:
+    """Run a docker CLI command, echoed first; output streams through unless `stream` is False."""
+    log.echo_command(argv, mask)
+    c = client()
+    if stream:
+        proc = subprocess.Popen(argv, env=c.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                errors="replace")
+        lines = []
+        try:
+            for line in proc.stdout:
+                lines.append(line)
+                log.info("  " + line.rstrip())
+            proc.wait(timeout=timeout)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        return subprocess.CompletedProcess(argv, proc.returncode, "".join(lines), "")
+    return subprocess.run(argv, env=c.env(), capture_output=True, text=True, timeout=timeout, errors="replace")
+
+
+def image_or_none(ref: str):
+    import docker
+
+    try:
+        return sdk().images.get(ref)
+    except docker.errors.ImageNotFound:
+        return None
+
+
+def run_container(image: str, command: list[str], *, timeout: int, network: str = "none",
+                  volumes: dict | None = None, environment: dict | None = None, gpus: bool = False,
+                  shm_size: str | None = None) -> tuple[int, str]:
+    """Run a container to completion (killed after `timeout` s); return (exit code, combined logs)."""
+    import docker
+    from requests.exceptions import ConnectionError as RequestsConnectionError
+    from requests.exceptions import ReadTimeout
+
+    kwargs = dict(detach=True, network_mode=network, volumes=volumes or {}, environment=environment or {},
+                  shm_size=shm_size)
+    if gpus:
+        kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
+    log.echo_command(["docker", "run", image, *command])
+    try:
+        container = sdk().containers.run(image, command, **kwargs)
+    except docker.errors.ImageNotFound:
+        raise EnvironmentProblem(f"image {image} is not here and cannot be pulled",
+                                 "pull it from a mirror, or provide a local copy") from None
+    except docker.errors.APIError as exc:
+        raise EnvironmentProblem(f"cannot start a container of {image}: {exc.explanation or exc}") from None
+    try:
+        try:
+            status = container.wait(timeout=timeout)["StatusCode"]
+        except (ReadTimeout, RequestsConnectionError):
+            container.kill()
+            status = 124
+        logs = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
+        return status, logs
+    finally:
+        container.remove(force=True)

@@ -1,0 +1,74 @@
+"""Progress for long steps: `step` prints a heading, then ✓/✕ with the elapsed time; a summary table."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+_OK, _FAIL = "✓", "✕"
+
+
+def info(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def echo_command(argv: Sequence[str], mask: Sequence[str] = ()) -> None:
+    """Print a command before it runs (cibuildwheel habit), with secret values masked."""
+    text = shlex.join(str(a) for a in argv)
+    for secret in mask:
+        if secret:
+            text = text.replace(secret, "****")
+    info(f"+ {text}")
+
+
+@contextmanager
+def step(title: str) -> Iterator[dict]:
+    """Heading, then ✓/✕ plus elapsed seconds. The yielded dict collects a one-line result note."""
+    start = time.monotonic()
+    note: dict = {}
+    in_gha = os.environ.get("GITHUB_ACTIONS") == "true"
+    if in_gha:
+        info(f"::group::{title}")
+    info(f"▶ {title}")
+    try:
+        yield note
+    except BaseException:
+        if in_gha:
+            info("::endgroup::")
+        info(f"{_FAIL} {title} ({time.monotonic() - start:.1f}s)")
+        raise
+    if in_gha:
+        info("::endgroup::")
+    extra = f" — {note['result']}" if note.get("result") else ""
+    info(f"{_OK} {title} ({time.monotonic() - start:.1f}s){extra}")
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A plain aligned text table (also valid Markdown)."""
+    cells = [[str(c) for c in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+
+    def fmt(r: Sequence[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
+
+    lines = [fmt(cells[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    lines += [fmt(r) for r in cells[1:]]
+    return "\n".join(lines)
+
+
+def summary(title: str, headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    """Print the end-of-run table; in GitHub Actions also append it to the job summary."""
+    text = table(headers, rows)
+    info(f"\n{title}\n{text}")
+    path = os.environ.get("GITHUB_STEP_SUMMARY")
+    if path:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(f"### {title}\n\n{text}\n\n")
+
+
+def mark(ok: bool) -> str:
+    return _OK if ok else _FAIL

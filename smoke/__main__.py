@@ -1,0 +1,5 @@
+import sys
+
+from smoke.cli import main
+
+sys.exit(main())

@@ -1,0 +1,136 @@
+"""python -m smoke {env,train,nccl,all} [--cpu] [--out DIR] [--steps N] [--timeout SECONDS]
+
+A single check runs in this process (train/nccl start their ranks from here) and writes
+DIR/<check>.json.  `all` runs each check as a child process with its own hard timeout, so
+a hang or a crash (segfault in a CUDA library) costs only that check, then writes
+DIR/all.json.  Exit status 0 iff everything passed.
+"""
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from smoke import CHECKS, launch, report
+from smoke.facts import facts_path, load_facts
+
+DEFAULT_TIMEOUTS = {"env": 300, "train": 600, "nccl": 300}
+KEY_FIGURES = {"env": ("shm_mb", "gpu_count"), "train": ("wall_seconds",), "nccl": ()}
+INNER_MARGIN = 15  # seconds the child keeps for itself to kill its ranks and write its JSON
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="smoke", description=__doc__.splitlines()[0])
+    p.add_argument("check", choices=CHECKS + ("all",))
+    p.add_argument("--cpu", action="store_true", help="force CPU mode (auto when no GPU is visible)")
+    p.add_argument("--out", default=None, help="result dir (default $SMOKE_OUT or /tmp/smoke)")
+    p.add_argument("--steps", type=int, default=5, help="train steps (default 5)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="hard timeout per check in seconds (default env %(env)d, train %(train)d, "
+                        "nccl %(nccl)d)" % DEFAULT_TIMEOUTS)
+    return p.parse_args(argv)
+
+
+def run_one(name, args, out_dir):
+    """Run one check in this process; returns its result dict (also written to DIR/name.json)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub, even by accident
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    mode, n_gpus = launch.detect_mode(args.cpu)
+    if mode == "cpu":
+        os.environ["DS_ACCELERATOR"] = "cpu"  # DeepSpeed must not probe for CUDA in CPU mode
+    res = report.Result(name, mode)
+    timeout = args.timeout or DEFAULT_TIMEOUTS[name]
+    try:
+        facts = load_facts()
+    except (OSError, ValueError) as e:
+        facts = {}
+        res.add("facts file", False if name == "env" else None, "%s: %s" % (facts_path(), e))
+    try:
+        if name == "env":
+            from smoke import env
+            env.run(res, facts, mode)
+        elif name == "train":
+            from smoke import train
+            train.run(res, facts, mode, n_gpus, out_dir, args.steps, timeout)
+        elif name == "nccl":
+            from smoke import nccl
+            nccl.run(res, facts, mode, n_gpus, out_dir, timeout)
+    except Exception as e:  # a bug or a broken import must still produce a report
+        import traceback
+        text = traceback.format_exc()
+        sys.stderr.write(text)
+        res.diagnose(text)
+        res.add("%s check ran" % name, False, "%s: %s" % (type(e).__name__, e))
+    d = res.finish().to_dict()
+    report.write_json(out_dir, name, d)
+    return d
+
+
+def run_all(args, out_dir):
+    t0 = time.monotonic()
+    mode, _ = launch.detect_mode(args.cpu)
+    checks = []
+    for name in CHECKS:
+        outer = args.timeout or DEFAULT_TIMEOUTS[name]
+        inner = max(10, outer - INNER_MARGIN)
+        cmd = [sys.executable, "-m", "smoke", name, "--out", out_dir, "--steps", str(args.steps),
+               "--timeout", str(inner)] + (["--cpu"] if mode == "cpu" else [])
+        json_path = os.path.join(out_dir, name + ".json")
+        if os.path.exists(json_path):
+            os.remove(json_path)
+        log_path = os.path.join(out_dir, name + ".log")
+        c0 = time.monotonic()
+        timed_out, rc = False, None
+        env = launch.base_env(mode)
+        with open(log_path, "w") as log:
+            p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                 stdin=subprocess.DEVNULL, start_new_session=True)
+            try:
+                rc = p.wait(timeout=outer)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                # SIGTERM first: the check's launcher kills its ranks on SIGTERM.
+                for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+                    try:
+                        os.killpg(p.pid, sig)
+                    except ProcessLookupError:
+                        break
+                    try:
+                        p.wait(timeout=wait)
+                        break
+                    except subprocess.TimeoutExpired:
+                        continue
+        d = report.read_json(json_path)
+        if d is None:
+            # The check died without a report (crash, kill): build one from its log.
+            text = launch.read_logs([log_path])
+            r = report.Result(name, mode)
+            r.add("%s check completed" % name, False,
+                  "timed out after %ss" % outer if timed_out else "exited %s without a report" % rc)
+            r.diagnose(text)
+            r.hint("log tail:\n" + launch.tail(text, 8))
+            r.finish()
+            r.seconds = round(time.monotonic() - c0, 2)
+            d = r.to_dict()
+            report.write_json(out_dir, name, d)
+        report.print_result(d, KEY_FIGURES.get(name, ()))
+        checks.append({k: d.get(k) for k in ("name", "passed", "seconds", "summary", "diagnosis", "figures")})
+    passed = all(c["passed"] for c in checks)
+    total = {"passed": passed, "mode": mode, "seconds": round(time.monotonic() - t0, 2), "checks": checks}
+    path = report.write_json(out_dir, "all", total)
+    print("%s smoke all [%s]: %s in %.1fs -> %s" % (report.OK if passed else report.BAD, mode,
+                                                   "passed" if passed else "FAILED", total["seconds"], path))
+    return 0 if passed else 1
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    out_dir = os.path.abspath(args.out or report.default_out_dir())
+    os.makedirs(out_dir, exist_ok=True)
+    if args.check == "all":
+        return run_all(args, out_dir)
+    d = run_one(args.check, args, out_dir)
+    report.print_result(d, KEY_FIGURES.get(args.check, ()))
+    return 0 if d["passed"] else 1

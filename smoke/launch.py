@@ -1,0 +1,154 @@
+"""Start N ranks of a worker module, with a hard timeout, and collect their logs.
+
+A minimal torchrun: the same env contract (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT),
+but each rank's stdout+stderr goes to its own log file (NCCL_DEBUG=INFO prints to stdout and
+we parse it; failure signatures are searched there), one dead rank stops the others at once
+instead of leaving them blocked in a collective until the process-group timeout, and a hang
+is killed as a whole process tree.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+
+def free_port():
+    # Bind port 0 and release it: a small race, but no fixed port to collide with
+    # a concurrent run (CI runs matrix jobs on one host).
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def detect_mode(force_cpu):
+    """('cpu'|'gpu', n_gpus).  Imports torch lazily; a broken torch means CPU mode here
+    (the env check reports the breakage itself)."""
+    if force_cpu:
+        return "cpu", 0
+    try:
+        import torch
+        if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+            return "gpu", torch.cuda.device_count()
+    except Exception:
+        pass
+    return "cpu", 0
+
+
+def base_env(mode):
+    """Environment every smoke process needs: offline, fail-fast collectives."""
+    env = dict(os.environ)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    env.setdefault("DEEPSPEED_TIMEOUT", "2")  # minutes (int): DS process-group timeout
+    env.setdefault("PYTHONUNBUFFERED", "1")   # logs survive a kill
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # Make sure `python -m smoke.x` finds this package in children wherever it lives.
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    pp = env.get("PYTHONPATH", "")
+    if pkg_parent not in pp.split(os.pathsep):
+        env["PYTHONPATH"] = pkg_parent + (os.pathsep + pp if pp else "")
+    if mode == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"
+        env["CUDA_VISIBLE_DEVICES"] = ""  # --cpu must not touch a GPU even if one is there
+        # Under `docker run --network none` the hostname may not resolve; loopback always does.
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    return env
+
+
+def _kill_tree(p, sig):
+    try:
+        os.killpg(p.pid, sig)  # each rank leads its own process group (start_new_session)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_ranks(module, n, out_dir, name, timeout, env, args=()):
+    """Run `python -m module args` as n ranks.  Returns dict:
+    {"rcs": [..], "timed_out": bool, "logs": [paths], "first_failure": rank or None, "seconds"}.
+    """
+    os.makedirs(out_dir, exist_ok=True)
+    port = free_port()
+    procs, logs, files = [], [], []
+    t0 = time.monotonic()
+
+    def stop_all(sig=signal.SIGTERM):
+        for p in procs:
+            if p.poll() is None:
+                _kill_tree(p, sig)
+
+    # If our own parent (smoke all) kills us, take the ranks with us.
+    old = signal.signal(signal.SIGTERM, lambda *_: (stop_all(signal.SIGKILL), sys.exit(143)))
+    try:
+        for rank in range(n):
+            e = dict(env)
+            e.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(n),
+                     LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            log = os.path.join(out_dir, "%s.rank%d.log" % (name, rank))
+            f = open(log, "w")
+            files.append(f)
+            logs.append(log)
+            procs.append(subprocess.Popen([sys.executable, "-m", module] + list(args),
+                                          stdout=f, stderr=subprocess.STDOUT, env=e,
+                                          stdin=subprocess.DEVNULL, start_new_session=True))
+        timed_out, first_failure = False, None
+        while True:
+            rcs = [p.poll() for p in procs]
+            bad = [i for i, rc in enumerate(rcs) if rc not in (None, 0)]
+            if bad and first_failure is None:
+                first_failure = bad[0]
+                # The others would wait in a collective until the PG timeout: stop them now,
+                # after a moment so they can flush their own error output.
+                time.sleep(2)
+                stop_all()
+            if all(rc is not None for rc in rcs):
+                break
+            if time.monotonic() - t0 > timeout:
+                timed_out = True
+                stop_all()
+                time.sleep(3)
+                stop_all(signal.SIGKILL)
+                for p in procs:
+                    p.wait()
+                break
+            time.sleep(0.2)
+        return {"rcs": [p.returncode for p in procs], "timed_out": timed_out,
+                "first_failure": first_failure, "logs": logs,
+                "seconds": round(time.monotonic() - t0, 2)}
+    finally:
+        stop_all(signal.SIGKILL)
+        for f in files:
+            f.close()
+        signal.signal(signal.SIGTERM, old)
+
+
+def read_logs(paths, limit=200000):
+    out = []
+    for p in paths:
+        try:
+            with open(p, errors="replace") as f:
+                data = f.read()
+        except OSError:
+            continue
+        out.append("==> %s <==\n%s" % (os.path.basename(p), data[-limit:]))
+    return "\n".join(out)
+
+
+def tail(text, lines=15):
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def die_with_parent():
+    """Linux: get SIGKILL when the launcher dies, so a killed gate leaves no orphan ranks."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # parent already gone before prctl took effect
+            os._exit(1)
+    except Exception:
+        pass

@@ -1,0 +1,116 @@
+"""Check results: one shape for every check, written as DIR/<check>.json and printed briefly.
+
+JSON of one check:
+  {"name", "passed", "mode", "seconds", "summary", "diagnosis": [str], "figures": {..},
+   "items": [{"name", "ok", "detail"}]}
+"items" are the individual assertions (ok: true/false/null, null = skipped, not a failure);
+"diagnosis" lists recognised failure signatures (smoke.signatures) and fix hints.
+"""
+
+import json
+import os
+import sys
+import time
+
+from smoke import signatures
+
+OK, BAD, SKIP = "\u2713", "\u2715", "-"
+
+
+def default_out_dir():
+    return os.environ.get("SMOKE_OUT") or "/tmp/smoke"
+
+
+class Result:
+    def __init__(self, name, mode):
+        self.name = name
+        self.mode = mode
+        self.items = []
+        self.figures = {}
+        self.diagnosis = []
+        self.summary = ""
+        self._t0 = time.monotonic()
+        self.seconds = None
+
+    def add(self, name, ok, detail=""):
+        """Record one assertion; ok=None means skipped (does not fail the check)."""
+        self.items.append({"name": name, "ok": ok, "detail": str(detail)})
+        return ok
+
+    def diagnose(self, text):
+        """Add signature explanations found in text (dedup; keeps the report short)."""
+        for line in signatures.explain(text):
+            if line not in self.diagnosis:
+                self.diagnosis.append(line)
+
+    def hint(self, text):
+        if text not in self.diagnosis:
+            self.diagnosis.append(text)
+
+    @property
+    def passed(self):
+        return bool(self.items) and all(i["ok"] is not False for i in self.items)
+
+    def finish(self, summary=None):
+        self.seconds = round(time.monotonic() - self._t0, 2)
+        if summary is not None:
+            self.summary = summary
+        bad = [i["name"] for i in self.items if i["ok"] is False]
+        if not self.items:
+            self.summary = "no assertions ran" + ("; " + self.summary if self.summary else "")
+        elif bad:
+            head = "%d failed: %s%s" % (len(bad), ", ".join(bad[:4]), " ..." if len(bad) > 4 else "")
+            self.summary = head + ("; " + self.summary if self.summary else "")
+        elif not self.summary:
+            self.summary = "all %d assertions passed" % len(self.items)
+        return self
+
+    def to_dict(self):
+        return {"name": self.name, "passed": self.passed, "mode": self.mode,
+                "seconds": self.seconds, "summary": self.summary,
+                "diagnosis": self.diagnosis, "figures": self.figures, "items": self.items}
+
+
+def write_json(out_dir, name, data):
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, name + ".json")
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=False, default=str)
+        f.write("\n")
+    os.replace(tmp, path)  # atomic: a reader never sees half a file
+    return path
+
+
+def read_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _fmt_fig(v):
+    if isinstance(v, float):
+        return "%.4g" % v
+    return str(v)
+
+
+def print_result(d, key_figures=(), stream=None):
+    """A few lines: header, failed assertions, diagnosis, a handful of key figures."""
+    stream = stream or sys.stdout
+    mark = OK if d.get("passed") else BAD
+    secs = d.get("seconds")
+    stream.write("%s %s [%s] %s%s\n" % (mark, d.get("name"), d.get("mode"),
+                                        d.get("summary", ""),
+                                        (" (%.1fs)" % secs) if isinstance(secs, (int, float)) else ""))
+    for it in d.get("items", []):
+        if it.get("ok") is False:
+            stream.write("    %s %s: %s\n" % (BAD, it["name"], it.get("detail", "")))
+    for line in d.get("diagnosis", [])[:6]:
+        stream.write("    ! %s\n" % line)
+    figs = d.get("figures", {})
+    shown = ["%s=%s" % (k, _fmt_fig(figs[k])) for k in key_figures if figs.get(k) is not None]
+    if shown:
+        stream.write("    " + "  ".join(shown) + "\n")
+    stream.flush()
