@@ -28,8 +28,8 @@ def parse_args(argv):
     p.add_argument("--out", default=None, help="result dir (default $SMOKE_OUT or /tmp/smoke)")
     p.add_argument("--steps", type=int, default=5, help="train steps (default 5)")
     p.add_argument("--timeout", type=float, default=None,
-                   help="hard timeout per check in seconds (default env %(env)d, train %(train)d, "
-                        "nccl %(nccl)d)" % DEFAULT_TIMEOUTS)
+                   help="hard timeout per check in seconds (default env {env}, train {train}, "
+                        "nccl {nccl})".format(**DEFAULT_TIMEOUTS))
     return p.parse_args(argv)
 
 
@@ -46,7 +46,7 @@ def run_one(name, args, out_dir):
         facts = load_facts()
     except (OSError, ValueError) as e:
         facts = {}
-        res.add("facts file", False if name == "env" else None, "%s: %s" % (facts_path(), e))
+        res.add("facts file", False if name == "env" else None, f"{facts_path()}: {e}")
     try:
         if name == "env":
             from smoke import env
@@ -62,7 +62,7 @@ def run_one(name, args, out_dir):
         text = traceback.format_exc()
         sys.stderr.write(text)
         res.diagnose(text)
-        res.add("%s check ran" % name, False, "%s: %s" % (type(e).__name__, e))
+        res.add(f"{name} check ran", False, f"{type(e).__name__}: {e}")
     d = res.finish().to_dict()
     report.write_json(out_dir, name, d)
     return d
@@ -74,7 +74,7 @@ def run_all(args, out_dir):
     checks = []
     for name in CHECKS:
         outer = args.timeout or DEFAULT_TIMEOUTS[name]
-        inner = max(10, outer - INNER_MARGIN)
+        inner = round(outer - min(INNER_MARGIN, outer * 0.25), 1)
         cmd = [sys.executable, "-m", "smoke", name, "--out", out_dir, "--steps", str(args.steps),
                "--timeout", str(inner)] + (["--cpu"] if mode == "cpu" else [])
         json_path = os.path.join(out_dir, name + ".json")
@@ -107,8 +107,8 @@ def run_all(args, out_dir):
             # The check died without a report (crash, kill): build one from its log.
             text = launch.read_logs([log_path])
             r = report.Result(name, mode)
-            r.add("%s check completed" % name, False,
-                  "timed out after %ss" % outer if timed_out else "exited %s without a report" % rc)
+            r.add(f"{name} check completed", False,
+                  f"timed out after {outer}s" if timed_out else f"exited {rc} without a report")
             r.diagnose(text)
             r.hint("log tail:\n" + launch.tail(text, 8))
             r.finish()
@@ -120,7 +120,7 @@ def run_all(args, out_dir):
     passed = all(c["passed"] for c in checks)
     total = {"passed": passed, "mode": mode, "seconds": round(time.monotonic() - t0, 2), "checks": checks}
     path = report.write_json(out_dir, "all", total)
-    print("%s smoke all [%s]: %s in %.1fs -> %s" % (report.OK if passed else report.BAD, mode,
+    print("{} smoke all [{}]: {} in {:.1f}s -> {}".format(report.OK if passed else report.BAD, mode,
                                                    "passed" if passed else "FAILED", total["seconds"], path))
     return 0 if passed else 1
 

@@ -65,8 +65,9 @@ def shm_size(path="/dev/shm"):
 def _err(res, name, exc):
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     res.diagnose(text)
-    return res.add(name, False, "%s: %s" % (type(exc).__name__, str(exc).strip().splitlines()[0][:300]
-                                           if str(exc).strip() else type(exc).__name__))
+    msg = str(exc).strip()
+    first = msg.splitlines()[0][:300] if msg else ""
+    return res.add(name, False, f"{type(exc).__name__}: {first}" if first else type(exc).__name__)
 
 
 def check_packages(res, facts):
@@ -74,7 +75,7 @@ def check_packages(res, facts):
     inst = installed_versions(pins)
     res.figures["versions"] = inst
     for name, ok, detail in F.compare_pins(pins, inst):
-        res.add("pin %s" % name, ok, detail)
+        res.add(f"pin {name}", ok, detail)
 
 
 def check_pynvml(res):
@@ -92,12 +93,11 @@ def check_pynvml(res):
         return _err(res, "pynvml from nvidia-ml-py", e)
     if owner != "nvidia-ml-py":
         return res.add("pynvml from nvidia-ml-py", False,
-                       "pynvml comes from %r (%s) - want nvidia-ml-py, not pynvml/nvidia-ml-py3"
-                       % (owner, spec.origin))
+                       f"pynvml comes from {owner!r} ({spec.origin}) - want nvidia-ml-py, not pynvml/nvidia-ml-py3")
     others = [o for o in owners if o != "nvidia-ml-py"]
     if others:
         return res.add("pynvml from nvidia-ml-py", False,
-                       "also shipped by %s: competing pynvml modules" % ",".join(others))
+                       "also shipped by {}: competing pynvml modules".format(",".join(others)))
     return res.add("pynvml from nvidia-ml-py", True, spec.origin)
 
 
@@ -106,9 +106,9 @@ def check_single_torch(res):
     dirs = torch_dirs_on_path(sys.path)
     res.figures["torch_dirs"] = dirs
     if len(owners) > 1:
-        return res.add("single torch", False, "several distributions ship torch: %s" % owners)
+        return res.add("single torch", False, f"several distributions ship torch: {owners}")
     if len(dirs) > 1:
-        return res.add("single torch", False, "torch found in several sys.path entries: %s" % dirs)
+        return res.add("single torch", False, f"torch found in several sys.path entries: {dirs}")
     return res.add("single torch", True, dirs[0] if dirs else "")
 
 
@@ -118,13 +118,13 @@ def check_shm(res):
         size = shm_size()
     except OSError as e:
         res.hint("no /dev/shm: run with `docker run --shm-size=8g` or `--ipc=host`")
-        return res.add("/dev/shm size", False, "cannot stat /dev/shm: %s" % e)
+        return res.add("/dev/shm size", False, f"cannot stat /dev/shm: {e}")
     res.figures["shm_mb"] = size // (1024 * 1024)
     if F.shm_ok(size, min_mb):
-        return res.add("/dev/shm size", True, "%d MB" % (size // 2**20))
-    res.hint("/dev/shm is %d MB (< %d MB): NCCL and DataLoader workers need more; "
-             "run with `docker run --shm-size=8g` or `--ipc=host`" % (size // 2**20, min_mb))
-    return res.add("/dev/shm size", False, "%d MB < %d MB" % (size // 2**20, min_mb))
+        return res.add("/dev/shm size", True, f"{size // 2**20} MB")
+    res.hint(f"/dev/shm is {size // 2**20} MB (< {min_mb} MB): NCCL and DataLoader workers need more; "
+             "run with `docker run --shm-size=8g` or `--ipc=host`")
+    return res.add("/dev/shm size", False, f"{size // 2**20} MB < {min_mb} MB")
 
 
 def check_torch_build(res, facts, mode):
@@ -134,13 +134,13 @@ def check_torch_build(res, facts, mode):
     want = F.cuda_major_minor(facts.get("cuda"))
     have = F.cuda_major_minor(torch.version.cuda)
     if want is None:
-        res.add("torch CUDA build", have is None, "facts: CPU image; torch.version.cuda=%s" % have)
+        res.add("torch CUDA build", have is None, f"facts: CPU image; torch.version.cuda={have}")
     elif have is None:
         res.add("torch CUDA build", False,
-                "torch %s is a CPU-only build (torch.version.cuda is None) but the image claims "
-                "CUDA %s: a later install step probably replaced the CUDA torch" % (torch.__version__, want))
+                f"torch {torch.__version__} is a CPU-only build (torch.version.cuda is None) but the image claims "
+                f"CUDA {want}: a later install step probably replaced the CUDA torch")
     else:
-        res.add("torch CUDA build", have == want, "torch.version.cuda=%s, facts cuda=%s" % (have, want))
+        res.add("torch CUDA build", have == want, f"torch.version.cuda={have}, facts cuda={want}")
     if torch.version.cuda is None:
         res.figures["cudnn"] = res.figures["nccl"] = None
         return
@@ -148,7 +148,7 @@ def check_torch_build(res, facts, mode):
     try:
         v = torch.backends.cudnn.version()
         res.figures["cudnn"] = v
-        res.add("cuDNN loads", v is not None, "cudnn %s" % v)
+        res.add("cuDNN loads", v is not None, f"cudnn {v}")
     except Exception as e:
         _err(res, "cuDNN loads", e)
     try:
@@ -164,7 +164,7 @@ def check_gpus(res, facts):
     if not torch.cuda.is_available():
         return res.add("CUDA available", False, "torch.cuda.is_available() is False")
     n = torch.cuda.device_count()
-    res.add("CUDA available", n > 0, "%d device(s)" % n)
+    res.add("CUDA available", n > 0, f"{n} device(s)")
     res.figures["gpu_count"] = n
     arch = torch.cuda.get_arch_list()
     res.figures["arch_list"] = arch
@@ -172,9 +172,9 @@ def check_gpus(res, facts):
     for i in range(n):
         cap = torch.cuda.get_device_capability(i)
         name = torch.cuda.get_device_name(i)
-        gpus.append({"index": i, "name": name, "capability": "sm_%d%d" % cap})
+        gpus.append({"index": i, "name": name, "capability": "sm_{}{}".format(*cap)})
         ok, how = F.arch_supported(cap, arch)
-        res.add("gpu%d %s sm_%d%d in arch list" % (i, name, *cap), ok, how)
+        res.add("gpu{} {} sm_{}{} in arch list".format(i, name, *cap), ok, how)
     res.figures["gpus"] = gpus
     for i in range(n):
         try:
@@ -186,9 +186,9 @@ def check_gpus(res, facts):
             ref = a @ b
             got = (a.to(dev) @ b.to(dev)).cpu()
             err = ((got - ref).abs().max() / ref.abs().max()).item()
-            res.add("gpu%d matmul vs CPU" % i, err < 1e-4, "max rel err %.2e" % err)
+            res.add(f"gpu{i} matmul vs CPU", err < 1e-4, f"max rel err {err:.2e}")
         except Exception as e:
-            _err(res, "gpu%d matmul vs CPU" % i, e)
+            _err(res, f"gpu{i} matmul vs CPU", e)
     try:
         torch.backends.cudnn.allow_tf32 = False
         g = torch.Generator().manual_seed(1)
@@ -198,7 +198,7 @@ def check_gpus(res, facts):
         got = torch.nn.functional.conv2d(x.cuda(), w.cuda(), padding=1).cpu()
         err = ((got - ref).abs().max() / ref.abs().max()).item()
         res.add("cuDNN conv2d vs CPU", torch.backends.cudnn.is_available() and err < 1e-4,
-                "max rel err %.2e" % err)
+                f"max rel err {err:.2e}")
     except Exception as e:
         _err(res, "cuDNN conv2d vs CPU", e)
     return True
@@ -215,7 +215,7 @@ def check_driver(res, facts):
             res.figures["driver"] = drv
             try:
                 cv = pynvml.nvmlSystemGetCudaDriverVersion_v2()
-                res.figures["driver_cuda"] = "%d.%d" % (cv // 1000, (cv % 1000) // 10)
+                res.figures["driver_cuda"] = f"{cv // 1000}.{(cv % 1000) // 10}"
             except Exception:
                 pass
         finally:
@@ -225,7 +225,7 @@ def check_driver(res, facts):
     if not minimum:
         return res.add("host driver via NVML", True, drv)
     ok = F.driver_ok(drv, minimum)
-    msg = "host driver %s %s image minimum %s (CUDA %s)" % (drv, ">=" if ok else "<", minimum,
+    msg = "host driver {} {} image minimum {} (CUDA {})".format(drv, ">=" if ok else "<", minimum,
                                                            facts.get("cuda"))
     if not ok:
         res.hint(msg + ": upgrade the host driver or use an image built for an older CUDA")
@@ -245,11 +245,11 @@ def check_flash_attn(res, facts, mode):
         return _err(res, "flash-attn import", e)
     res.figures["flash_attn"] = flash_attn.__version__
     if mode == "cpu":
-        return res.add("flash-attn import", True, "%s (forward/backward needs a GPU)" % flash_attn.__version__)
+        return res.add("flash-attn import", True, f"{flash_attn.__version__} (forward/backward needs a GPU)")
     import torch
     cap = torch.cuda.get_device_capability(0)
     if cap < (8, 0):
-        return res.add("flash-attn fwd+bwd", None, "skipped: sm_%d%d < sm_80 (flash-attn's floor)" % cap)
+        return res.add("flash-attn fwd+bwd", None, "skipped: sm_{}{} < sm_80 (flash-attn's floor)".format(*cap))
     try:
         dt = torch.bfloat16
         g = torch.Generator(device="cuda").manual_seed(0)
@@ -264,7 +264,7 @@ def check_flash_attn(res, facts, mode):
         err = (out.float() - ref.transpose(1, 2)).abs().max().item()
         gerr = (q.grad.float() - qr.grad.transpose(1, 2)).abs().max().item()
         ok = err < 2e-2 and gerr < 5e-2 and torch.isfinite(q.grad).all().item()
-        return res.add("flash-attn fwd+bwd", ok, "out err %.1e, dq err %.1e" % (err, gerr))
+        return res.add("flash-attn fwd+bwd", ok, f"out err {err:.1e}, dq err {gerr:.1e}")
     except Exception as e:
         return _err(res, "flash-attn fwd+bwd", e)
 
@@ -276,6 +276,7 @@ def _builder_for(op):
     also works in CPU mode (where DeepSpeed would pick CPU builders and JIT instead)."""
     import importlib
     import pkgutil
+
     import deepspeed.ops.op_builder as ob
     for mi in pkgutil.iter_modules(ob.__path__):
         if mi.ispkg or mi.name in ("builder", "all_ops"):
@@ -301,7 +302,7 @@ def check_ds_ops(res, facts, mode):
         return _err(res, "deepspeed ops", e)
     import importlib
     for op in ops:
-        name = "deepspeed op %s prebuilt+loads" % op
+        name = f"deepspeed op {op} prebuilt+loads"
         # Never fall through to a JIT build here: it would take minutes and prove nothing
         # about what the image ships.
         if not installed_ops.get(op):
@@ -310,7 +311,7 @@ def check_ds_ops(res, facts, mode):
         try:
             cls = _builder_for(op)
             if cls is None:
-                res.add(name, False, "no DeepSpeed builder named %s" % op)
+                res.add(name, False, f"no DeepSpeed builder named {op}")
                 continue
             b = cls()
             if mode == "gpu":
@@ -324,11 +325,11 @@ def check_ds_ops(res, facts, mode):
 
 def run(res, facts, mode):
     res.figures["facts"] = F.facts_path()
-    res.figures["python"] = "%d.%d.%d" % sys.version_info[:3]
+    res.figures["python"] = "{}.{}.{}".format(*sys.version_info[:3])
     want_py = facts.get("python")
     if want_py:
         res.add("python version", res.figures["python"].startswith(want_py + ".") or
-                res.figures["python"] == want_py, "%s (facts %s)" % (res.figures["python"], want_py))
+                res.figures["python"] == want_py, "{} (facts {})".format(res.figures["python"], want_py))
     check_packages(res, facts)
     for fn in (check_pynvml, check_single_torch, check_shm):
         try:
@@ -352,6 +353,6 @@ def run(res, facts, mode):
         except Exception as e:
             _err(res, fn.__name__, e)
     f = res.figures
-    res.summary = "torch %s cuda %s cudnn %s nccl %s%s" % (
+    res.summary = "torch {} cuda {} cudnn {} nccl {}{}".format(
         f.get("torch"), f.get("torch_cuda"), f.get("cudnn"), f.get("nccl"),
-        (", driver %s" % f["driver"]) if f.get("driver") else "")
+        (", driver {}".format(f["driver"])) if f.get("driver") else "")

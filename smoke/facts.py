@@ -52,14 +52,14 @@ def compare_pins(pins, installed):
             elif have is None:
                 out.append((name, True, "absent, as pinned (null)"))
             else:
-                out.append((name, False, "pinned null (absent) but %s is installed" % have))
+                out.append((name, False, f"pinned null (absent) but {have} is installed"))
             continue
         if have is None:
-            out.append((name, False, "pinned %s but not installed" % pin))
+            out.append((name, False, f"pinned {pin} but not installed"))
         elif norm_version(have) == norm_version(pin):
             out.append((name, True, have))
         else:
-            out.append((name, False, "installed %s != pinned %s" % (have, pin)))
+            out.append((name, False, f"installed {have} != pinned {pin}"))
     return out
 
 
@@ -83,7 +83,7 @@ def cuda_major_minor(v):
     if v is None:
         return None
     t = version_tuple(v)
-    return "%d.%d" % (t[0], t[1] if len(t) > 1 else 0) if t else None
+    return f"{t[0]}.{t[1] if len(t) > 1 else 0}" if t else None
 
 
 def shm_ok(size_bytes, min_mb):
@@ -114,9 +114,9 @@ def arch_supported(cap, arch_list):
             continue
         kind, M, m, suffix = p
         if kind == "sm" and (M, m) == (major, minor):
-            return True, "exact %s" % e
+            return True, f"exact {e}"
         if kind == "sm" and suffix != "a" and M == major and m <= minor and sass is None:
-            sass = (True, "binary-compatible %s" % e)
+            sass = (True, f"binary-compatible {e}")
         if kind == "compute" and (M, m) <= (major, minor) and ptx is None:
-            ptx = (True, "PTX JIT from %s" % e)
-    return sass or ptx or (False, "sm_%d%d not in [%s]" % (major, minor, ",".join(arch_list)))
+            ptx = (True, f"PTX JIT from {e}")
+    return sass or ptx or (False, f"sm_{major}{minor} not in [{','.join(arch_list)}]")

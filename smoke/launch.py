@@ -88,7 +88,7 @@ def run_ranks(module, n, out_dir, name, timeout, env, args=()):
             e = dict(env)
             e.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(n),
                      LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-            log = os.path.join(out_dir, "%s.rank%d.log" % (name, rank))
+            log = os.path.join(out_dir, f"{name}.rank{rank}.log")
             f = open(log, "w")
             files.append(f)
             logs.append(log)
@@ -110,7 +110,9 @@ def run_ranks(module, n, out_dir, name, timeout, env, args=()):
             if time.monotonic() - t0 > timeout:
                 timed_out = True
                 stop_all()
-                time.sleep(3)
+                deadline = time.monotonic() + 3  # a moment to exit cleanly, then no mercy
+                while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+                    time.sleep(0.1)
                 stop_all(signal.SIGKILL)
                 for p in procs:
                     p.wait()
@@ -134,12 +136,12 @@ def read_logs(paths, limit=200000):
                 data = f.read()
         except OSError:
             continue
-        out.append("==> %s <==\n%s" % (os.path.basename(p), data[-limit:]))
+        out.append(f"==> {os.path.basename(p)} <==\n{data[-limit:]}")
     return "\n".join(out)
 
 
-def tail(text, lines=15):
-    return "\n".join(text.strip().splitlines()[-lines:])
+def tail(text, lines=15, width=240):
+    return "\n".join(ln[:width] for ln in text.strip().splitlines()[-lines:])
 
 
 def die_with_parent():

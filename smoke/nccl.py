@@ -45,7 +45,7 @@ def floor_for(gpu_name, n, env=None):
     if n == 8 and gpu_name:
         for rx, floor in BUSBW_FLOORS_8GPU:
             if re.search(rx, gpu_name):
-                return floor, "table (%s x8)" % rx
+                return floor, f"table ({rx} x8)"
     return None, "none"
 
 
@@ -103,9 +103,9 @@ def run(res, facts, mode, n_gpus, out_dir, timeout):
     logs = launch.read_logs(r["logs"])
     ok = not r["timed_out"] and all(rc == 0 for rc in r["rcs"])
     if r["timed_out"]:
-        res.add("ranks finished within timeout", False, "killed after %ss (hang?)" % timeout)
+        res.add("ranks finished within timeout", False, f"killed after {timeout}s (hang?)")
     else:
-        res.add("all ranks exited 0", ok, "exit codes %s" % r["rcs"])
+        res.add("all ranks exited 0", ok, "exit codes {}".format(r["rcs"]))
     if not data:
         res.add("rank 0 wrote its result", False, "no result from rank 0")
 
@@ -125,19 +125,20 @@ def run(res, facts, mode, n_gpus, out_dir, timeout):
             floor, src = floor_for(res.figures.get("gpu_name"), n)
             res.figures["busbw_floor_gbps"], res.figures["busbw_floor_source"] = floor, src
             if floor is not None:
-                res.add("busbw >= floor at %d MB" % (big["bytes"] // 2 ** 20), big["busbw_gbps"] >= floor,
-                        "%.1f GB/s vs floor %.1f (%s)" % (big["busbw_gbps"], floor, src))
+                res.add(f"busbw >= floor at {big['bytes'] // 2 ** 20} MB", big["busbw_gbps"] >= floor,
+                        "{:.1f} GB/s vs floor {:.1f} ({})".format(big["busbw_gbps"], floor, src))
     if not ok or not data or any(i["ok"] is False for i in res.items):
         res.diagnose(logs)
         if r["first_failure"] is not None:
-            res.hint("rank %d failed first; log tail:\n%s" % (
-                r["first_failure"], launch.tail(launch.read_logs([r["logs"][r["first_failure"]]]), 8)))
+            first = r["first_failure"]
+            res.hint(f"rank {first} failed first; log tail:\n"
+                     + launch.tail(launch.read_logs([r["logs"][first]]), 8))
     big = res.figures.get("largest")
     if big:
-        res.summary = "%d ranks %s, %d sizes exact, %d MB busbw %.2f GB/s%s" % (
-            n, res.figures["backend"], len(res.figures.get("sizes", [])), big["bytes"] // 2 ** 20,
-            big["busbw_gbps"] or 0.0,
-            (", via " + ",".join(res.figures.get("nccl_transports") or {}) if res.figures.get("nccl_transports") else ""))
+        via = ",".join(res.figures.get("nccl_transports") or {})
+        res.summary = (f"{n} ranks {res.figures['backend']}, {len(res.figures.get('sizes', []))} sizes exact, "
+                       f"{big['bytes'] // 2 ** 20} MB busbw {big['busbw_gbps'] or 0.0:.2f} GB/s"
+                       + ("" if mode == "gpu" else " (CPU: not gated)") + (f", via {via}" if via else ""))
 
 
 # ----------------------------------------------------------------------------- worker side
@@ -208,8 +209,8 @@ def worker():
         row = {"bytes": nbytes, "seconds": s, "algbw_gbps": algbw_gbps(nbytes, s),
                "busbw_gbps": busbw_gbps(nbytes, s, n), "wrong_elements": int(bad_t.item())}
         figs["sizes"].append(row)
-        items.append({"name": "all_reduce exact at %s" % _human(nbytes), "ok": row["wrong_elements"] == 0,
-                      "detail": "%d wrong elements (want %g everywhere)" % (row["wrong_elements"], want)})
+        items.append({"name": f"all_reduce exact at {_human(nbytes)}", "ok": row["wrong_elements"] == 0,
+                      "detail": f"{row['wrong_elements']} wrong elements (want {want:g} everywhere)"})
         del x, z
     figs["largest"] = figs["sizes"][-1]
     if gpu:
@@ -225,8 +226,8 @@ def worker():
 def _human(n):
     for unit, k in (("MB", 2 ** 20), ("KB", 2 ** 10)):
         if n >= k:
-            return "%d %s" % (n // k, unit)
-    return "%d B" % n
+            return f"{n // k} {unit}"
+    return f"{n} B"
 
 
 if __name__ == "__main__":

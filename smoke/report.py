@@ -59,10 +59,10 @@ class Result:
         if not self.items:
             self.summary = "no assertions ran" + ("; " + self.summary if self.summary else "")
         elif bad:
-            head = "%d failed: %s%s" % (len(bad), ", ".join(bad[:4]), " ..." if len(bad) > 4 else "")
+            head = f"{len(bad)} failed: " + ", ".join(bad[:4]) + (" ..." if len(bad) > 4 else "")
             self.summary = head + ("; " + self.summary if self.summary else "")
         elif not self.summary:
-            self.summary = "all %d assertions passed" % len(self.items)
+            self.summary = f"all {len(self.items)} assertions passed"
         return self
 
     def to_dict(self):
@@ -92,7 +92,7 @@ def read_json(path):
 
 def _fmt_fig(v):
     if isinstance(v, float):
-        return "%.4g" % v
+        return f"{v:.4g}"
     return str(v)
 
 
@@ -101,16 +101,16 @@ def print_result(d, key_figures=(), stream=None):
     stream = stream or sys.stdout
     mark = OK if d.get("passed") else BAD
     secs = d.get("seconds")
-    stream.write("%s %s [%s] %s%s\n" % (mark, d.get("name"), d.get("mode"),
+    stream.write("{} {} [{}] {}{}\n".format(mark, d.get("name"), d.get("mode"),
                                         d.get("summary", ""),
-                                        (" (%.1fs)" % secs) if isinstance(secs, (int, float)) else ""))
+                                        (f" ({secs:.1f}s)") if isinstance(secs, (int, float)) else ""))
     for it in d.get("items", []):
         if it.get("ok") is False:
-            stream.write("    %s %s: %s\n" % (BAD, it["name"], it.get("detail", "")))
+            stream.write("    {} {}: {}\n".format(BAD, it["name"], it.get("detail", "")))
     for line in d.get("diagnosis", [])[:6]:
-        stream.write("    ! %s\n" % line)
+        stream.write(f"    ! {line}\n")
     figs = d.get("figures", {})
-    shown = ["%s=%s" % (k, _fmt_fig(figs[k])) for k in key_figures if figs.get(k) is not None]
+    shown = [f"{k}={_fmt_fig(figs[k])}" for k in key_figures if figs.get(k) is not None]
     if shown:
         stream.write("    " + "  ".join(shown) + "\n")
     stream.flush()

@@ -110,4 +110,4 @@ def diagnose(text):
 
 def explain(text):
     """Diagnosis as short strings "id: explanation [evidence]" for reports."""
-    return ["%s: %s [%s]" % (d["id"], d["explanation"], d["evidence"]) for d in diagnose(text)]
+    return ["{}: {} [{}]".format(d["id"], d["explanation"], d["evidence"]) for d in diagnose(text)]

@@ -62,7 +62,7 @@ def run(res, facts, mode, n_gpus, out_dir, steps, timeout):
         if env.get("SMOKE_DS_SHM") == "1":
             res.figures["ds_shm_comm"] = "built"
             if missing:
-                res.add("toolchain for DeepSpeed shm_comm JIT", False, "%s not on PATH" % " and ".join(missing))
+                res.add("toolchain for DeepSpeed shm_comm JIT", False, "{} not on PATH".format(" and ".join(missing)))
                 res.hint("SMOKE_DS_SHM=1: DeepSpeed JIT-builds shm_comm on CPU and needs g++ and ninja "
                          "on PATH (apt-get install g++; pip install ninja; venv bin on PATH)")
         else:
@@ -79,22 +79,22 @@ def run(res, facts, mode, n_gpus, out_dir, steps, timeout):
     res.figures["logs"] = r["logs"]
     ok = not r["timed_out"] and all(rc == 0 for rc in r["rcs"])
     if r["timed_out"]:
-        res.add("ranks finished within timeout", False, "killed after %ss (hang?)" % timeout)
+        res.add("ranks finished within timeout", False, f"killed after {timeout}s (hang?)")
     else:
-        res.add("all ranks exited 0", ok, "exit codes %s" % r["rcs"])
+        res.add("all ranks exited 0", ok, "exit codes {}".format(r["rcs"]))
     if not data:
         res.add("rank 0 wrote its result", False, "no result from rank 0")
     if not ok or not data or any(i["ok"] is False for i in res.items):
         logs = launch.read_logs(r["logs"])
         res.diagnose(logs)
         if r["first_failure"] is not None:
-            res.hint("rank %d failed first; log tail:\n%s" % (
-                r["first_failure"], launch.tail(launch.read_logs([r["logs"][r["first_failure"]]]), 8)))
+            first = r["first_failure"]
+            res.hint(f"rank {first} failed first; log tail:\n"
+                     + launch.tail(launch.read_logs([r["logs"][first]]), 8))
     f = res.figures
     if f.get("loss_first") is not None and f.get("loss_last") is not None:
-        res.summary = "%d ranks %s, loss %.4f -> %.4f, %.2f steps/s, peak %s MB" % (
-            n, f.get("dtype"), f["loss_first"], f["loss_last"], f.get("steps_per_s", 0),
-            f.get("peak_mem_mb"))
+        res.summary = (f"{n} ranks {f.get('dtype')}, loss {f['loss_first']:.4f} -> {f['loss_last']:.4f}, "
+                       f"{f.get('steps_per_s') or 0:.2f} steps/s, peak {f.get('peak_mem_mb')} MB")
 
 
 # ----------------------------------------------------------------------------- worker side
@@ -188,18 +188,18 @@ def worker():
     figs.update(loss_first=loss_first, loss_last=loss_last, train_losses=losses, steps=steps,
                 steps_per_s=steps / dt if dt > 0 else None)
     finite = all(map(lambda x: x == x and abs(x) != float("inf"), losses + [loss_first, loss_last]))
-    add("loss finite", finite, "losses %s" % ["%.4f" % x for x in losses])
-    add("loss fell after %d steps" % steps, loss_last < loss_first, "%.4f -> %.4f" % (loss_first, loss_last))
+    add("loss finite", finite, "losses %s" % [f"{x:.4f}" for x in losses])
+    add(f"loss fell after {steps} steps", loss_last < loss_first, f"{loss_first:.4f} -> {loss_last:.4f}")
 
     lora = [n for n in before if "lora_" in n]
     base = [n for n in before if "lora_" not in n]
     lora_changed = [n for n in lora if not torch.equal(before[n], after[n])]
     base_changed = [n for n in base if not torch.equal(before[n], after[n])]
     add("LoRA weights changed", lora and len(lora_changed) == len(lora),
-        "%d/%d LoRA tensors changed" % (len(lora_changed), len(lora)))
+        f"{len(lora_changed)}/{len(lora)} LoRA tensors changed")
     add("base weights unchanged", base and not base_changed,
-        "%d/%d base tensors changed%s" % (len(base_changed), len(base),
-                                          (": " + ", ".join(base_changed[:3])) if base_changed else ""))
+        f"{len(base_changed)}/{len(base)} base tensors changed"
+        + ((": " + ", ".join(base_changed[:3])) if base_changed else ""))
     figs["lora_tensors"], figs["base_tensors"] = len(lora), len(base)
 
     # Ranks agree: max - min of the loss across ranks.
@@ -210,7 +210,7 @@ def worker():
     spread = (hi - lo).item()
     tol = 1e-3 if bf16 else 1e-5
     figs["loss_rank_spread"] = spread
-    add("ranks agree on loss", spread <= tol * max(1.0, abs(loss_last)), "max-min %.2e" % spread)
+    add("ranks agree on loss", spread <= tol * max(1.0, abs(loss_last)), f"max-min {spread:.2e}")
 
     # Checkpoint round trip: save, move the weights with one more step, load, same loss again.
     ckpt = os.environ["SMOKE_CKPT_DIR"]
@@ -225,12 +225,12 @@ def worker():
         loss_loaded = eval_loss()
         same = abs(loss_loaded - loss_saved) <= tol * max(1.0, abs(loss_saved))
         add("checkpoint save/load same loss", same,
-            "saved %.6f, after extra step %.6f, loaded %.6f" % (loss_saved, loss_moved, loss_loaded))
+            f"saved {loss_saved:.6f}, after extra step {loss_moved:.6f}, loaded {loss_loaded:.6f}")
         figs.update(ckpt_loss_saved=loss_saved, ckpt_loss_loaded=loss_loaded)
     except Exception as e:
         import traceback
         traceback.print_exc()
-        add("checkpoint save/load same loss", False, "%s: %s" % (type(e).__name__, e))
+        add("checkpoint save/load same loss", False, f"{type(e).__name__}: {e}")
 
     if gpu:
         peak = torch.cuda.max_memory_allocated(dev) / 2 ** 20
@@ -247,7 +247,7 @@ def worker():
         os.replace(os.environ["SMOKE_RESULT"] + ".tmp", os.environ["SMOKE_RESULT"])
     dist.barrier()
     dist.destroy_process_group()
-    print("rank %d/%d done: %s" % (rank, world, "ok" if all(i["ok"] for i in items) else "FAILED"))
+    print(f"rank {rank}/{world} done: " + ("ok" if all(i["ok"] for i in items) else "FAILED"))
 
 
 if __name__ == "__main__":
