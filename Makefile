@@ -1,21 +1,27 @@
-# Every recipe is one line that calls the Python tool. `make help` lists the targets.
+# Every recipe calls the Python tool (or the one set-up script). `make help` lists the targets.
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
-TAG ?= $(shell test -x $(PY) && $(PY) -m builder matrix 2>/dev/null | $(PY) -c 'import json,sys; print(next(r["tag"] for r in json.load(sys.stdin)["include"] if not r["gpu"]))')
-BUILD_FLAGS ?=
+# The default image: the matrix entry marked `default: true` (built end to end by CI).
+DEFAULT_TAG = $(shell $(PY) -c 'from builder import matrix; print(matrix.load().default.tag)')
+DEFAULT_BASE = $(shell $(PY) -c 'from builder import matrix; e = matrix.load().default; print(e.base_name, e.base_digest or "")')
+TAG ?=
+BUILD_FLAGS ?= --local-base
 SMOKE_FLAGS ?= --cpu
 PYTEST_FLAGS ?=
 
-.PHONY: help venv validate render lint test build build-all smoke image lock
+.PHONY: help venv docker validate render lock lint test build build-all smoke image publish catalog verify
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "} {printf "  %-12s %s\n", $$1, $$2}'
 
 $(VENV)/.stamp: requirements-dev.txt pyproject.toml
-	python3 -m venv $(VENV) && $(VENV)/bin/pip install -q --no-deps -r requirements-dev.txt && $(VENV)/bin/pip install -q --no-deps -e . && touch $@
+	python3 -m venv $(VENV) && $(VENV)/bin/pip install -q --no-deps -r requirements-dev.txt && touch $@
 
 venv: $(VENV)/.stamp ## create .venv from the pinned dev requirements
+
+docker: venv ## install/start a Docker engine and provide the default base image (idempotent)
+	bash ci/setup-docker.sh $(DEFAULT_BASE)
 
 validate: venv ## validate the matrix strictly (schema, rules, digests)
 	$(PY) -m builder validate --strict
@@ -23,23 +29,32 @@ validate: venv ## validate the matrix strictly (schema, rules, digests)
 render: venv ## render dockerfiles/ and the README table
 	$(PY) -m builder render
 
-lock: venv ## re-lock TAG (default: all) against the index
-	$(PY) -m builder lock $(TAG_ARG)
+lock: venv ## re-lock TAG (default: every entry) against its index
+	$(PY) -m builder lock $(TAG) $(BUILD_FLAGS)
 
-lint: venv ## ruff, render --check, lock --check, hadolint
-	$(PY) -m ruff check builder smoke tests bench && $(PY) -m builder render --check && $(PY) -m builder lock --check && $(PY) -m builder lint
+lint: venv ## ruff, render --check, lock --check
+	$(PY) -m ruff check builder smoke tests bench && $(PY) -m builder render --check && $(PY) -m builder lock --check
 
-test: venv ## run the test suite
+test: venv docker ## run the whole test suite (real Docker builds, registry, gate)
 	$(PY) -m pytest $(PYTEST_FLAGS)
 
-build: venv ## build TAG (default: the CI entry) with BuildKit
-	$(PY) -m builder build $(TAG) $(BUILD_FLAGS)
+build: venv ## build TAG (default: the default image) with BuildKit
+	$(PY) -m builder build $(or $(TAG),$(DEFAULT_TAG)) $(BUILD_FLAGS)
 
 build-all: venv ## build every entry
 	$(PY) -m builder build --all $(BUILD_FLAGS)
 
 smoke: venv ## run the smoke gate in the built TAG image
-	$(PY) -m builder smoke $(TAG) $(SMOKE_FLAGS)
+	$(PY) -m builder smoke $(or $(TAG),$(DEFAULT_TAG)) $(SMOKE_FLAGS)
 
-image: venv ## the main job: set up Docker if needed, build and smoke-test the default image
-	bash ci/setup-docker.sh && $(PY) -m builder build $(TAG) --local-base-if-missing $(BUILD_FLAGS) && $(PY) -m builder smoke $(TAG) $(SMOKE_FLAGS)
+image: venv docker ## the main job: Docker set-up, then build and smoke-test the default image
+	$(PY) -m builder build $(DEFAULT_TAG) $(BUILD_FLAGS) && $(PY) -m builder smoke $(DEFAULT_TAG) $(SMOKE_FLAGS)
+
+publish: venv ## publish TAG to REGISTRY (only if its smoke report passed)
+	$(PY) -m builder publish $(or $(TAG),$(DEFAULT_TAG)) --registry $(REGISTRY)
+
+catalog: venv ## regenerate IMAGES.md and images.json from the reports
+	$(PY) -m builder catalog
+
+verify: venv ## re-verify a pulled IMAGE on this host
+	$(PY) -m builder verify $(IMAGE)

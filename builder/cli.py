@@ -170,19 +170,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def register_later_verbs(verb) -> None:
-    """Verbs of later pipeline steps; each module adds its own arguments."""
+    """Verbs of later pipeline steps; each module has `add_arguments(parser)` and `main(args)`."""
     import importlib
 
-    for name, module, help_text in (
-        ("build", "builder.build", "build images with BuildKit, verify them, write build reports"),
-        ("smoke", "builder.smoke", "run the smoke gate in a built image; write the smoke report"),
+    for name, module, help_text, tags in (
+        ("build", "builder.build", "build images with BuildKit, verify them, write build reports", True),
+        ("smoke", "builder.smoke", "run the smoke gate in a built image; write the smoke report", True),
+        ("publish", "builder.publish", "push images that passed the gate; move the alias last", True),
+        ("catalog", "builder.catalog", "write IMAGES.md and images.json from the reports", False),
+        ("verify", "builder.hostverify", "re-verify a pulled image on this host (host checks + gate)", False),
+        ("manifest", "builder.manifest", "content manifest of an image (files, Python and OS packages)", False),
+        ("repro", "builder.repro", "rebuild from scratch and compare manifests", True),
+        ("diff", "builder.diff", "what changed between two images (tags or image refs)", False),
     ):
         try:
             mod = importlib.import_module(module)
-        except ModuleNotFoundError:
-            verb(name, _not_yet(name), f"{help_text} (not available yet)")
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            verb(name, _not_yet(name), f"{help_text} (not available yet)", tags=tags)
             continue
-        mod.add_arguments(verb(name, mod.main, help_text))
+        mod.add_arguments(verb(name, mod.main, help_text, tags=tags))
 
 
 def main(argv: list[str] | None = None) -> int:

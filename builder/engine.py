@@ -119,7 +119,8 @@ def run_container(image: str, command: list[str], *, timeout: int, network: str 
                   shm_size=shm_size)
     if gpus:
         kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
-    log.echo_command(["docker", "run", image, *command])
+    shown = [c if len(c) <= 80 else c[:60] + f"…({len(c)} chars)" for c in command]
+    log.echo_command(["docker", "run", image, *shown])
     try:
         container = sdk().containers.run(image, command, **kwargs)
     except docker.errors.ImageNotFound:

@@ -7,7 +7,7 @@ import sys
 
 NAMES = ["torch", "transformers", "deepspeed", "peft", "accelerate", "nvidia-ml-py", "flash-attn", "pynvml",
          "nvidia-ml-py3"]
-out = {"python": "%d.%d.%d" % sys.version_info[:3], "versions": {}, "torch_dists": 0}
+out = {"python": ".".join(map(str, sys.version_info[:3])), "versions": {}, "torch_dists": 0}
 for name in NAMES:
     try:
         out["versions"][name] = md.version(name)

@@ -34,6 +34,7 @@ ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_INPUT=1 \
+    PIP_PROGRESS_BAR=off \
     PIP_ROOT_USER_ACTION=ignore
 # pip in the venv is the Debian/Ubuntu-bundled wheel (python3-pip-whl, pinned in apt.lock).
 RUN python3.10 -m venv /opt/venv
@@ -42,7 +43,7 @@ FROM os AS python
 ARG SOURCE_DATE_EPOCH=0
 # torch and what it needs, alone in one layer: tags sharing a base and torch share this layer.
 COPY torch.lock /opt/train-image/locks/torch.lock
-RUN --mount=type=cache,id=pip-3.10,target=/root/.cache/pip,sharing=locked \
+RUN --mount=type=cache,id=wheels-py3.10,target=/var/cache/wheels,sharing=locked \
     --mount=type=secret,id=pip_cert,required=false \
     --mount=type=secret,id=pip_index_url,required=false \
     --mount=type=secret,id=pip_extra_index_url,required=false \
@@ -50,12 +51,14 @@ RUN --mount=type=cache,id=pip-3.10,target=/root/.cache/pip,sharing=locked \
     if [ -s /run/secrets/pip_index_url ]; then PIP_INDEX_URL="$(cat /run/secrets/pip_index_url)"; export PIP_INDEX_URL; fi; \
     if [ -s /run/secrets/pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /run/secrets/pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \
     export PIP_INDEX_URL="${PIP_INDEX_URL:-https://pypi.org/simple}"; \
-    pip install --require-hashes --no-deps -r /opt/train-image/locks/torch.lock
+    pip download -q --no-cache-dir --require-hashes --no-deps -d /var/cache/wheels -r /opt/train-image/locks/torch.lock \
+    && pip install --no-cache-dir --require-hashes --no-deps --no-index --find-links /var/cache/wheels -r /opt/train-image/locks/torch.lock
 
-# Everything else, hash-checked. --no-build-isolation: DeepSpeed's sdist imports torch to build.
+# Everything else, hash-checked. DeepSpeed ships only an sdist whose setup.py imports torch: it is built
+# against the torch above (--no-build-isolation) through PEP 517, not the deprecated `setup.py install`.
 COPY requirements.lock /opt/train-image/locks/requirements.lock
 COPY flash-attn.lock /opt/train-image/locks/flash-attn.lock
-RUN --mount=type=cache,id=pip-3.10,target=/root/.cache/pip,sharing=locked \
+RUN --mount=type=cache,id=wheels-py3.10,target=/var/cache/wheels,sharing=locked \
     --mount=type=secret,id=pip_cert,required=false \
     --mount=type=secret,id=pip_index_url,required=false \
     --mount=type=secret,id=pip_extra_index_url,required=false \
@@ -63,8 +66,11 @@ RUN --mount=type=cache,id=pip-3.10,target=/root/.cache/pip,sharing=locked \
     if [ -s /run/secrets/pip_index_url ]; then PIP_INDEX_URL="$(cat /run/secrets/pip_index_url)"; export PIP_INDEX_URL; fi; \
     if [ -s /run/secrets/pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /run/secrets/pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \
     export PIP_INDEX_URL="${PIP_INDEX_URL:-https://pypi.org/simple}"; \
-    DS_BUILD_OPS=0 pip install --require-hashes --no-deps --no-build-isolation -r /opt/train-image/locks/requirements.lock \
-    && pip install --require-hashes --no-deps -r /opt/train-image/locks/flash-attn.lock \
+    export DS_BUILD_OPS=0; \
+    pip download -q --no-cache-dir --require-hashes --no-deps --no-build-isolation -d /var/cache/wheels -r /opt/train-image/locks/requirements.lock \
+    && pip install --no-cache-dir --require-hashes --no-deps --no-index --find-links /var/cache/wheels --no-build-isolation --use-pep517 \
+         -r /opt/train-image/locks/requirements.lock \
+    && pip install --no-cache-dir --require-hashes --no-deps -r /opt/train-image/locks/flash-attn.lock \
     && pip check
 
 FROM python AS runtime
