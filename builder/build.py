@@ -183,7 +183,8 @@ def build_argv(entry: Entry, context: Path, facts: dict, digest: str, base: dict
 FAILURE_PATTERNS = (
     (r"no space left on device", "the disk is full", "free space: `docker system prune` / `docker builder prune`"),
     (r"THESE PACKAGES DO NOT MATCH THE HASHES[\s\S]*?\n\s+(\S+)",
-     "a downloaded package does not match its lock hash: {0}", "the index served other bytes: check the index/mirror, or re-lock if the pin moved"),
+     "a downloaded package does not match its lock hash: {0}",
+     "the index served other bytes: check the index/mirror, or re-lock if the pin moved"),
     (r"ResolutionImpossible|conflicting dependencies|(\S+ [^\n]* has requirement [^\n]*)", "pip found a conflict {0}",
      "re-run `python -m builder lock TAG` and `python -m builder resolve TAG`"),
     (r"Version '([^']+)' for '([^']+)' was not found", "apt: version {0} of {1} is no longer in the archive",
