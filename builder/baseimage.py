@@ -1,24 +1,25 @@
 """Which base image reference a build or lock uses: the pinned digest, or a local copy of the same name.
 
 A machine that cannot reach a registry (an air-gapped host, our CI) can provide the base as a local
-image named like the entry's base without its digest (`--local-base`). The substitution is recorded
-in the build report and labels, never silent.
+image named like the entry's base without its digest; `--local-base` prefers such a copy when it exists
+and otherwise uses the pinned digest. A substitution is recorded in the build report and labels.
 """
 
 from __future__ import annotations
 
 from builder import engine
-from builder.errors import EnvironmentProblem
 from builder.matrix import Entry
 
 
 def reference(entry: Entry, local: bool) -> str:
-    if not local:
-        return entry.base
-    ref = entry.base_name
-    if engine.image_or_none(ref) is None:
-        raise EnvironmentProblem(
-            f"{entry.tag}: --local-base needs a local image named {ref}, and there is none",
-            f"`docker pull {entry.base}` and tag it, or make one (ci/make-base-image.sh)",
-        )
-    return ref
+    if local and engine.image_or_none(entry.base_name) is not None:
+        return entry.base_name
+    return entry.base
+
+
+def describe(entry: Entry, ref: str) -> dict:
+    """What was used: the ref, its image ID, and whether it is the pinned digest."""
+    image = engine.image_or_none(ref)
+    digests = image.attrs.get("RepoDigests", []) if image else []
+    pinned = ref == entry.base or any(d.endswith("@" + (entry.base_digest or "-")) for d in digests)
+    return {"ref": ref, "substituted": not pinned, "image_id": image.id if image else None}

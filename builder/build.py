@@ -36,7 +36,8 @@ def add_arguments(p) -> None:
     p.add_argument("--force", action="store_true", help="build even when an image with the same inputs exists")
     p.add_argument("--no-cache", action="store_true", help="no BuildKit layer cache (downloads stay cached)")
     p.add_argument("--local-base", action="store_true",
-                   help="use a local image named like the base (name:tag, without digest); recorded in labels")
+                   help="prefer a local image named like the base (name:tag, no digest) when one exists; "
+                        "the substitution is recorded in labels and the report")
     p.add_argument("--base-image", metavar="REF", help="use this base reference instead (a mirror)")
     p.add_argument("--apt-mirror", metavar="URL", help="apt mirror, e.g. http://mirror.local/debian")
     p.add_argument("--ca-bundle", metavar="PATH",
@@ -152,16 +153,11 @@ def secret_files(ca_bundle: str | None):
 
 
 def base_choice(entry: Entry, args) -> dict:
+    from builder import baseimage
+
     if args.base_image:
         return {"ref": args.base_image, "substituted": args.base_image != entry.base}
-    if args.local_base:
-        from builder import baseimage
-
-        ref = baseimage.reference(entry, local=True)
-        image = engine.image_or_none(ref)
-        pinned = any(d.endswith(entry.base_digest or "-") for d in image.attrs.get("RepoDigests", []))
-        return {"ref": ref, "substituted": not pinned, "image_id": image.id}
-    return {"ref": entry.base, "substituted": False}
+    return baseimage.describe(entry, baseimage.reference(entry, local=args.local_base))
 
 
 def build_argv(entry: Entry, context: Path, facts: dict, digest: str, base: dict, secrets: dict, args) -> list[str]:

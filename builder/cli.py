@@ -162,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="offline: do committed locks satisfy the entries?")
     p.add_argument("--strict", action="store_true", help="with --check: also require a complete apt lock")
     p.add_argument("--no-apt", action="store_true", help="skip the apt lock (needs the base image)")
-    p.add_argument("--local-base", action="store_true", help="use a local image named like the base, no digest")
+    p.add_argument("--local-base", action="store_true", help="prefer a local image named like the base")
     verb("render", cmd_render, "render dockerfiles/<tag>/ (and the README table)").add_argument(
         "--check", action="store_true", help="fail if committed files are stale or extra directories exist")
     register_later_verbs(verb)
