@@ -115,7 +115,7 @@ def ci_build(require_docker, tmp_path_factory):
     bundle, marker = _canary_bundle(tmp)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("PIP_INDEX_URL", None)
-    proc = subprocess.run([sys.executable, "-m", "builder", "build", CI_TAG, "--local-base", "--no-cache",
+    proc = subprocess.run([sys.executable, "-m", "builder", "build", CI_TAG, "--local-base", "--no-cache", "--force",
                            "--ca-bundle", str(bundle)], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=3000)
     log = proc.stdout + proc.stderr
