@@ -61,6 +61,9 @@ class Result:
         elif bad:
             head = f"{len(bad)} failed: " + ", ".join(bad[:4]) + (" ..." if len(bad) > 4 else "")
             self.summary = head + ("; " + self.summary if self.summary else "")
+            # The failed assertions lead the diagnosis: a person reads what broke first, then why.
+            failed = [f"{i['name']}: {i['detail']}" for i in self.items if i["ok"] is False]
+            self.diagnosis = failed + [d for d in self.diagnosis if d not in failed]
         elif not self.summary:
             self.summary = f"all {len(self.items)} assertions passed"
         return self
@@ -104,10 +107,10 @@ def print_result(d, key_figures=(), stream=None):
     stream.write("{} {} [{}] {}{}\n".format(mark, d.get("name"), d.get("mode"),
                                         d.get("summary", ""),
                                         (f" ({secs:.1f}s)") if isinstance(secs, (int, float)) else ""))
-    for it in d.get("items", []):
-        if it.get("ok") is False:
-            stream.write("    {} {}: {}\n".format(BAD, it["name"], it.get("detail", "")))
-    for line in d.get("diagnosis", [])[:6]:
+    failed = [f"{it['name']}: {it.get('detail', '')}" for it in d.get("items", []) if it.get("ok") is False]
+    for line in failed:
+        stream.write(f"    {BAD} {line}\n")
+    for line in [x for x in d.get("diagnosis", []) if x not in failed][:6]:
         stream.write(f"    ! {line}\n")
     figs = d.get("figures", {})
     shown = [f"{k}={_fmt_fig(figs[k])}" for k in key_figures if figs.get(k) is not None]

@@ -110,12 +110,17 @@ def _canary_bundle(directory: Path) -> tuple[Path, str]:
 
 @pytest.fixture(scope="session")
 def ci_build(require_docker, tmp_path_factory):
-    """Build the CI entry for real (no layer cache, so every RUN executes with the secret mounted)."""
+    """Build the CI entry for real (no layer cache, so every RUN executes with the secret mounted).
+
+    BUILDER_TEST_FAST=1 (local iteration only; CI never sets it) builds incrementally instead; the tests
+    that need every RUN step executed then skip and say why."""
     tmp = tmp_path_factory.mktemp("ci-build")
+    fast = os.environ.get("BUILDER_TEST_FAST") == "1"
     bundle, marker = _canary_bundle(tmp)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("PIP_INDEX_URL", None)
-    proc = subprocess.run([sys.executable, "-m", "builder", "build", CI_TAG, "--local-base", "--no-cache", "--force",
+    flags = [] if fast else ["--no-cache", "--force"]
+    proc = subprocess.run([sys.executable, "-m", "builder", "build", CI_TAG, "--local-base", *flags,
                            "--ca-bundle", str(bundle)], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=3000)
     log = proc.stdout + proc.stderr
@@ -124,7 +129,12 @@ def ci_build(require_docker, tmp_path_factory):
     from builder import reports
 
     report = json.loads((ROOT / reports.path(CI_TAG, "build")).read_text())
-    return {"report": report, "log": log, "marker": marker, "bundle": bundle, "tmp": tmp}
+    return {"report": report, "log": log, "marker": marker, "bundle": bundle, "tmp": tmp, "fast": fast}
+
+
+def need_full_build(ci_build) -> None:
+    if ci_build["fast"]:
+        pytest.skip("needs the full no-cache build: unset BUILDER_TEST_FAST")
 
 
 def derived_image(name: str, base: str, run_lines: list[str], tmp: Path) -> str:

@@ -41,7 +41,7 @@ def test_torch_replaced_by_another_build_fails_env(ci_build, tmp_path):
     assert not report["passed"]
     env = check(report, "env")
     assert not env["passed"]
-    assert "torch" in " ".join(env["diagnosis"]) and "2.12.0" in json.dumps(report["details"]["env"])
+    assert "pin torch: installed 2.12.0 != pinned 2.13.0" in env["diagnosis"]
 
 
 def test_missing_pynvml_fails_env(ci_build, tmp_path):
