@@ -10,7 +10,7 @@ BUILD_FLAGS ?= --local-base
 SMOKE_FLAGS ?= --cpu
 PYTEST_FLAGS ?=
 
-.PHONY: help venv docker validate render lock lint test build build-all smoke image publish catalog verify
+.PHONY: help venv docker validate render lock lint test build build-all smoke image publish catalog verify repro
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "} {printf "  %-12s %s\n", $$1, $$2}'
@@ -58,3 +58,6 @@ catalog: venv ## regenerate IMAGES.md and images.json from the reports
 
 verify: venv ## re-verify a pulled IMAGE on this host
 	$(PY) -m builder verify $(IMAGE)
+
+repro: venv ## rebuild TAG from scratch beside the existing image and compare contents
+	$(PY) -m builder repro $(or $(TAG),$(DEFAULT_TAG)) $(BUILD_FLAGS)

@@ -160,9 +160,10 @@ def base_choice(entry: Entry, args) -> dict:
     return baseimage.describe(entry, baseimage.reference(entry, local=args.local_base))
 
 
-def build_argv(entry: Entry, context: Path, facts: dict, digest: str, base: dict, secrets: dict, args) -> list[str]:
+def build_argv(entry: Entry, context: Path, facts: dict, digest: str, base: dict, secrets: dict, args,
+               ref: str | None = None) -> list[str]:
     epoch = source_date_epoch(entry)
-    argv = engine.client().build_argv() + ["--progress=plain", "--network=host", "-t", local_ref(entry),
+    argv = engine.client().build_argv() + ["--progress=plain", "--network=host", "-t", ref or local_ref(entry),
                                            "--build-arg", f"SOURCE_DATE_EPOCH={epoch}",
                                            "--build-arg", f"BASE_IMAGE={base['ref']}"]
     if args.apt_mirror:

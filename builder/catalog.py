@@ -58,9 +58,9 @@ def _smoke(smoke: dict | None, image_id: str | None) -> dict:
 def _repro(repro: dict | None) -> dict | None:
     if repro is None:
         return None
-    verdict = repro.get("verdict") or ("reproducible" if repro.get("passed") or repro.get("identical") else "differs")
+    verdict = repro.get("result") or repro.get("verdict") or ("reproducible" if repro.get("identical") else "differs")
     return {"verdict": verdict, "date": (repro.get("finished_at") or repro.get("date") or "")[:10] or None,
-            "summary": repro.get("summary")}
+            "differences": repro.get("differences")}
 
 
 def record(entry: Entry, directory: Path) -> dict:
@@ -135,7 +135,11 @@ def render_markdown(records: list[dict], source: str) -> str:
             if isinstance(s.get("busbw_gbps"), (int, float)) else "") if x)
         lines.append(f"- smoke: {_smoke_cell(s)}" + (f": {figures}" if figures else ""))
         if r["repro"]:
-            lines.append(f"- rebuild: {r['repro']['verdict']} ({r['repro']['date']})")
+            rp = r["repro"]
+            extra = [f"{rp['differences']} differences" if rp.get("differences") is not None else "",
+                     rp.get("date") or ""]
+            lines.append(f"- rebuild from scratch: {rp['verdict']}"
+                         + (f" ({', '.join(x for x in extra if x)})" if any(extra) else ""))
         lines += ["", log.table(("package", "version"), [[k, v or "—"] for k, v in r["versions"].items()]),
                   f"\nVersions: {r['versions_source']}.", ""]
     return "\n".join(lines).rstrip("\n") + "\n"

@@ -23,11 +23,12 @@ import tarfile
 import time
 from pathlib import Path
 
-from builder import engine, fsutil, log
+from builder import engine, fsutil, log, tarstream
 from builder.errors import EnvironmentProblem, UserError
 
 FORMAT = 1
 CHUNK = 1 << 20
+BLOCK = 512
 CACHE_DIR = Path("build/manifests")
 # Small files whose content the manifest reads (besides hashing): package metadata.
 _KEEP_SUFFIXES = (".dist-info/METADATA", ".dist-info/INSTALLER", ".egg-info/PKG-INFO")
@@ -56,57 +57,55 @@ def _keep(path: str) -> bool:
     return path in _KEEP_PATHS or path.endswith(_KEEP_SUFFIXES)
 
 
-def read_layer(fileobj) -> dict:
+def read_layer(stream) -> dict:
     """One layer tar, streamed: {"entries": {path: entry}, "whiteouts": [...], "opaque": [...], "bytes": n}."""
     entries: dict[str, dict] = {}
     whiteouts, opaque, total = [], [], 0
-    with tarfile.open(fileobj=fileobj, mode="r|") as tar:
-        for member in tar:
-            path = _norm(member.name)
-            base = posixpath.basename(path)
-            if base == OPAQUE:
-                opaque.append(posixpath.dirname(path) or ".")
-                continue
-            if base.startswith(WHITEOUT):
-                whiteouts.append(posixpath.join(posixpath.dirname(path), base[len(WHITEOUT):]))
-                continue
-            entry = {"type": _TYPES.get(member.type, "other"), "mode": f"{member.mode & 0o7777:04o}",
-                     "uid": member.uid, "gid": member.gid, "mtime": int(member.mtime)}
-            if member.issym():
-                entry["target"] = member.linkname
-            elif member.islnk():
-                # A hard link's bytes are its target's; which name tar stores first is arbitrary, so the
-                # manifest shows both names as plain files with the same content.
-                source = entries.get(_norm(member.linkname))
-                if source is None or source["type"] != "file":
-                    entry["type"] = "hardlink"
-                    entry["target"] = _norm(member.linkname)
-                else:
-                    entry.update({k: source[k] for k in ("size", "sha256")})
-                    if "content" in source:
-                        entry["content"] = source["content"]
-            elif member.isreg():
-                entry["size"] = member.size
-                entry["sha256"], content = _hash_member(tar, member, _keep(path))
-                total += member.size
-                if content is not None:
-                    entry["content"] = content
-            entries[path] = entry
+    buf = bytearray(CHUNK)
+    for member, data in tarstream.members(stream):
+        path = _norm(member.name)
+        base = posixpath.basename(path)
+        if base == OPAQUE:
+            opaque.append(posixpath.dirname(path) or ".")
+            continue
+        if base.startswith(WHITEOUT):
+            whiteouts.append(posixpath.join(posixpath.dirname(path), base[len(WHITEOUT):]))
+            continue
+        entry = {"type": _TYPES.get(member.type, "other"), "mode": f"{member.mode & 0o7777:04o}",
+                 "uid": member.uid, "gid": member.gid, "mtime": int(member.mtime)}
+        if member.issym():
+            entry["target"] = member.linkname
+        elif member.islnk():
+            # A hard link's bytes are its target's; which name tar stores first is arbitrary, so the
+            # manifest shows both names as plain files with the same content.
+            source = entries.get(_norm(member.linkname))
+            if source is None or source["type"] != "file":
+                entry["type"] = "hardlink"
+                entry["target"] = _norm(member.linkname)
+            else:
+                entry.update({k: source[k] for k in ("size", "sha256")})
+                if "content" in source:
+                    entry["content"] = source["content"]
+        elif entry["type"] == "file":
+            entry["size"] = member.size
+            entry["sha256"], content = _hash(data, buf, _keep(path))
+            total += member.size
+            if content is not None:
+                entry["content"] = content
+        entries[path] = entry
     return {"entries": entries, "whiteouts": whiteouts, "opaque": opaque, "bytes": total}
 
 
-def _hash_member(tar: tarfile.TarFile, member: tarfile.TarInfo, keep: bool) -> tuple[str, bytes | None]:
+def _hash(data, buf: bytearray, keep: bool) -> tuple[str, bytes | None]:
+    """sha256 of a member, read in place into `buf`; the bytes themselves only when asked (metadata)."""
     digest = hashlib.sha256()
-    kept = [] if keep else None
-    fh = tar.extractfile(member)
-    while True:
-        chunk = fh.read(CHUNK)
-        if not chunk:
-            break
-        digest.update(chunk)
+    kept = bytearray() if keep else None
+    view = memoryview(buf)
+    while n := data.readinto(view):
+        digest.update(view[:n])
         if kept is not None:
-            kept.append(chunk)
-    return digest.hexdigest(), (b"".join(kept) if kept is not None else None)
+            kept += view[:n]
+    return digest.hexdigest(), (bytes(kept) if kept is not None else None)
 
 
 # --- applying layers -----------------------------------------------------------------------------------
@@ -177,7 +176,7 @@ def dpkg_packages(status: bytes | None) -> list[dict]:
 
 
 class _Peek(io.RawIOBase):
-    """A stream with its first bytes already read (to tell a layer tar from a JSON blob)."""
+    """A member whose first bytes were already read (to tell a layer tar from a JSON blob)."""
 
     def __init__(self, head: bytes, rest):
         self.head, self.rest = head, rest
@@ -190,27 +189,24 @@ class _Peek(io.RawIOBase):
             n = min(len(buf), len(self.head))
             buf[:n], self.head = self.head[:n], self.head[n:]
             return n
-        data = self.rest.read(len(buf))
-        buf[:len(data)] = data
-        return len(data)
+        return self.rest.readinto(buf)
 
 
 def read_save(stream) -> dict:
     """Parse a `docker save` tar stream (Docker's legacy layout or OCI layout) into config + layers."""
     blobs: dict[str, bytes] = {}
     layers: dict[str, dict] = {}
-    with tarfile.open(fileobj=stream, mode="r|") as outer:
-        for member in outer:
-            if not member.isreg():
-                continue
-            fh = outer.extractfile(member)
-            head = fh.read(512)
-            if len(head) >= 262 and head[257:262] == b"ustar" or head[:2] == b"\x1f\x8b":
-                raw = _Peek(head, fh)
-                body = gzip.GzipFile(fileobj=io.BufferedReader(raw, CHUNK)) if head[:2] == b"\x1f\x8b" else raw
-                layers[member.name] = read_layer(io.BufferedReader(body, CHUNK))
-            elif member.size < 64 << 20:
-                blobs[member.name] = head + fh.read()
+    for member, data in tarstream.members(stream):
+        if not member.isreg():
+            continue
+        head = data.read(BLOCK)
+        if len(head) >= 262 and head[257:262] == b"ustar" or head[:2] == b"\x1f\x8b":
+            raw = io.BufferedReader(_Peek(head, data), CHUNK)
+            if head[:2] == b"\x1f\x8b":  # OCI layouts may keep layers compressed
+                raw = io.BufferedReader(gzip.GzipFile(fileobj=raw), CHUNK)
+            layers[member.name] = read_layer(raw)
+        elif member.size < 64 << 20:
+            blobs[member.name] = head + data.read()
     if "manifest.json" not in blobs:
         raise UserError("not a `docker save` archive: no manifest.json in it")
     top = json.loads(blobs["manifest.json"])[0]
@@ -225,7 +221,7 @@ def _save_stream(image: str):
     c = engine.client()
     argv = [c.binary, "save", image]
     log.echo_command(argv)
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=c.env())
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=c.env(), bufsize=CHUNK)
 
 
 def build_manifest(saved: dict, image: str) -> dict:
@@ -250,6 +246,10 @@ def image_id(image: str) -> str | None:
     return found.id if found is not None else None
 
 
+def cache_path(ident: str) -> Path:
+    return CACHE_DIR / (ident.replace(":", "-") + ".json")
+
+
 def manifest(image: str, cache: bool = True) -> dict:
     """The manifest of a local image (or a `docker save` tar file). Cached by image ID: an ID is content."""
     started = time.monotonic()
@@ -261,7 +261,7 @@ def manifest(image: str, cache: bool = True) -> dict:
     ident = image_id(image)
     if ident is None:
         raise UserError(f"image {image} is not here", "build it, or `docker pull` it first")
-    cached = CACHE_DIR / (ident.replace(":", "-") + ".json")
+    cached = cache_path(ident)
     if cache and cached.exists():
         result = json.loads(cached.read_text())
         result["image"] = image

@@ -132,6 +132,12 @@ def docker(config: Path | None, *argv: str) -> list[str]:
     return [engine.client().binary, *(["--config", str(config)] if config else []), *argv]
 
 
+def tag_image(config: Path | None, image_id: str, ref: str) -> None:
+    proc = engine.run_cli(docker(config, "tag", image_id, ref), stream=False)
+    if proc.returncode != 0:
+        raise StepFailed(f"docker tag {ref} failed: {(proc.stderr or proc.stdout).strip()[:200]}")
+
+
 def push(config: Path | None, ref: str, host: str) -> str:
     """docker push; returns the digest it reports. Raises Transient for errors worth retrying."""
     proc = engine.run_cli(docker(config, "push", ref))
@@ -202,6 +208,8 @@ def publish_one(entry, args, config: Path | None) -> dict:
     labels = image.labels or {}
     repo = registry.repository(args.registry, entry.image)
     date = args.date or datetime.now(timezone.utc).strftime("%Y%m%d")
+    if not re.fullmatch(r"20[0-9]{6}", date):
+        raise UserError(f"--date {date!r} is not YYYYMMDD", "e.g. --date 20261202")
     full = full_tag(entry.tag, versions(entry, labels), date, revision_of(labels, args.revision))
     plan = {"registry": args.registry, "repository": repo.ref, "full_tag": full, "alias": entry.tag,
             "image_id": image.id, "smoke_finished_at": smoke.get("finished_at"), "smoke_mode": smoke.get("mode")}
@@ -213,7 +221,7 @@ def publish_one(entry, args, config: Path | None) -> dict:
     if existing and existing not in _local_digests(image, repo):
         raise StepFailed(f"{repo.ref}:{full} already exists with another image ({existing[:19]}); full tags are "
                          "immutable", "rebuild from a new commit, or publish with another --date")
-    engine.run_cli(docker(config, "tag", image.id, f"{repo.ref}:{full}"), stream=False)
+    tag_image(config, image.id, f"{repo.ref}:{full}")
     pushed = retrying(f"push {repo.ref}:{full}", lambda: push(config, f"{repo.ref}:{full}", repo.host), args.retries)
     served = _read_back(repo, full, config, args.retries)
     local = _local_digests(image, repo)
@@ -222,7 +230,7 @@ def publish_one(entry, args, config: Path | None) -> dict:
                          f"image records {sorted(local) or 'none'}",
                          "the alias was not moved; investigate the registry")
     _after_full_push(repo, served)
-    engine.run_cli(docker(config, "tag", image.id, f"{repo.ref}:{entry.tag}"), stream=False)
+    tag_image(config, image.id, f"{repo.ref}:{entry.tag}")
     alias_pushed = retrying(f"push {repo.ref}:{entry.tag}", lambda: push(config, f"{repo.ref}:{entry.tag}", repo.host),
                             args.retries)
     alias_served = _read_back(repo, entry.tag, config, args.retries)

@@ -264,5 +264,12 @@ def test_publish_real_ci_image(registry, tmp_path, monkeypatch):
     assert docker("image", "inspect", "--format", "{{.Id}}", pulled).stdout.strip() == current
     print(f"\nreal CI image: {report['size_bytes'] / 1e9:.2f} GB pushed in {report['push_seconds']}s, "
           f"digest {report['digest']}")
+    # The round trip a user does on a cloud host: pull by digest, then re-verify there.
+    verdict = tmp_path / "verify.json"
+    assert run_cli("verify", pulled, "--json", str(verdict)) == 0
+    result = json.loads(verdict.read_text())
+    assert result["passed"] and result["image_id"] == current
+    if not result["gpu_mode"]:
+        assert any("GPU checks" in line and "NOT run" in line for line in result["verdict"])
     for ref in (f"{registry.host}/train:{CI_TAG}", f"{registry.host}/train:{report['full_tag']}"):
         docker("rmi", ref, check=False)  # untag only: the image itself stays

@@ -27,7 +27,7 @@ RUN --mount=type=cache,id=apt-lists-debian-bookworm-slim,target=/var/lib/apt/lis
     fi; \
     apt-get update -q \
     && apt-get install -y -q --no-install-recommends $(grep -v '^#' /opt/train-image/locks/apt.lock) \
-    && rm -rf /var/log/apt /var/log/dpkg.log /var/cache/ldconfig/aux-cache
+    && rm -rf /var/log/apt /var/log/dpkg.log /var/log/alternatives.log /var/cache/ldconfig/aux-cache
 
 # The image's Python environment. PIP_* make every install below non-interactive and quiet.
 ENV VIRTUAL_ENV=/opt/venv \
@@ -36,8 +36,10 @@ ENV VIRTUAL_ENV=/opt/venv \
     PIP_NO_INPUT=1 \
     PIP_PROGRESS_BAR=off \
     PIP_ROOT_USER_ACTION=ignore
-# pip in the venv is the Debian/Ubuntu-bundled wheel (python3-pip-whl, pinned in apt.lock).
-RUN python3.11 -m venv /opt/venv
+# pip in the venv is the Debian/Ubuntu-bundled wheel (python3-pip-whl, pinned in apt.lock). ensurepip's
+# bytecode is hash-checked (no install-time mtime inside) only when SOURCE_DATE_EPOCH is set.
+ARG SOURCE_DATE_EPOCH=0
+RUN PYTHONHASHSEED=0 python3.11 -m venv /opt/venv
 
 FROM os AS python
 ARG SOURCE_DATE_EPOCH=0
@@ -47,6 +49,7 @@ RUN --mount=type=cache,id=wheels-py3.11,target=/var/cache/wheels,sharing=locked 
     --mount=type=secret,id=pip_cert,required=false \
     --mount=type=secret,id=pip_index_url,required=false \
     --mount=type=secret,id=pip_extra_index_url,required=false \
+    export PYTHONHASHSEED=0; \
     if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
     if [ -s /run/secrets/pip_index_url ]; then PIP_INDEX_URL="$(cat /run/secrets/pip_index_url)"; export PIP_INDEX_URL; fi; \
     if [ -s /run/secrets/pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /run/secrets/pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \
@@ -61,6 +64,7 @@ RUN --mount=type=cache,id=wheels-py3.11,target=/var/cache/wheels,sharing=locked 
     --mount=type=secret,id=pip_cert,required=false \
     --mount=type=secret,id=pip_index_url,required=false \
     --mount=type=secret,id=pip_extra_index_url,required=false \
+    export PYTHONHASHSEED=0; \
     if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
     if [ -s /run/secrets/pip_index_url ]; then PIP_INDEX_URL="$(cat /run/secrets/pip_index_url)"; export PIP_INDEX_URL; fi; \
     if [ -s /run/secrets/pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /run/secrets/pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \

@@ -1,0 +1,91 @@
+"""The catalog: generated from the step reports, byte-identical from the same reports, staleness caught."""
+
+from __future__ import annotations
+
+import json
+
+from builder import reports
+from tests.conftest import run_cli
+
+TAG = "cu130-torch2.13-bookworm"
+IMAGE_ID = "sha256:" + "1" * 64
+DIGEST = "sha256:" + "d" * 64
+FULL = f"{TAG}-torch2.13.0-tf5.24.0-ds0.19.8-peft0.21.2-acc1.16.0-nvml13.615.71-20261202-a94488e"
+VERSIONS = {"torch": "2.13.0", "transformers": "5.24.0", "deepspeed": "0.19.8", "peft": "0.21.2",
+            "accelerate": "1.16.0", "nvidia-ml-py": "13.615.71", "flash-attn": None}
+
+
+def write_reports(image_id: str = IMAGE_ID, smoke_id: str = IMAGE_ID) -> None:
+    reports.write(TAG, "build", {"result": "built", "image_id": image_id, "size_bytes": 5_709_747_927,
+                                 "versions": VERSIONS})
+    reports.write(TAG, "smoke", {
+        "passed": True, "image_id": smoke_id, "mode": "cpu", "finished_at": "2026-12-02T15:30:00Z",
+        "checks": [
+            {"name": "env", "passed": True, "figures": {"shm_mb": 8192}},
+            {"name": "train", "passed": True, "figures": {"steps_per_s": 0.4321, "loss_first": 5.48,
+                                                          "loss_last": 5.33}},
+            {"name": "nccl", "passed": True, "figures": {"ranks": 2, "backend": "gloo",
+                                                         "largest": {"bytes": 67108864, "busbw_gbps": 1.234}}},
+        ]})
+    reports.write(TAG, "publish", {"result": "published", "image_id": image_id, "registry": "ghcr.io/acme",
+                                   "repository": "ghcr.io/acme/train", "full_tag": FULL, "alias": TAG,
+                                   "digest": DIGEST, "pull": f"ghcr.io/acme/train@{DIGEST}",
+                                   "published_at": "2026-12-02T15:40:00Z", "size_bytes": 5_709_747_927})
+
+
+def test_generated_from_reports(project):
+    write_reports()
+    reports.write(TAG, "repro", {"verdict": "identical", "finished_at": "2026-12-03T01:00:00Z"})
+    assert run_cli("catalog") == 0
+    md = (project / "IMAGES.md").read_text()
+    assert f"`{FULL}`" in md and DIGEST in md and f"docker pull ghcr.io/acme/train@{DIGEST}" in md
+    assert "5.71 GB" in md and "580.65.06" in md and "✓ passed (cpu, 2026-12-02)" in md
+    assert "0.43 steps/s" in md and "busbw 1.23 GB/s (2 ranks gloo)" in md and "identical" in md
+    assert "| cu121-torch2.3 " in md.replace("`", "") and "not published" in md  # every tag is listed
+    data = json.loads((project / "images.json").read_text())
+    entry = next(i for i in data["images"] if i["tag"] == TAG)
+    assert entry["published"]["digest"] == DIGEST and entry["smoke"]["busbw_gbps"] == 1.234
+    assert entry["versions"]["torch"] == "2.13.0" and entry["versions_source"] == "measured in the image"
+    assert entry["repro"]["verdict"] == "identical"
+
+
+def test_deterministic(project, tmp_path):
+    write_reports()
+    assert run_cli("catalog") == 0
+    first = {n: (project / n).read_bytes() for n in ("IMAGES.md", "images.json")}
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    assert run_cli("catalog", "--out", str(other)) == 0
+    assert run_cli("catalog") == 0
+    for name, content in first.items():
+        assert (project / name).read_bytes() == content == (other / name).read_bytes()
+
+
+def test_staleness_detected(project, capsys):
+    write_reports()
+    assert run_cli("catalog", "--check") == 2  # never generated
+    assert run_cli("catalog") == 0
+    assert run_cli("catalog", "--check") == 0
+    reports.write(TAG, "smoke", {**reports.read(TAG, "smoke"), "passed": False})
+    assert run_cli("catalog", "--check") == 2
+    err = capsys.readouterr().err
+    assert "stale" in err and "python -m builder catalog" in err
+
+
+def test_smoke_of_another_image_is_stale(project):
+    write_reports(smoke_id="sha256:" + "2" * 64)
+    assert run_cli("catalog") == 0
+    data = json.loads((project / "images.json").read_text())
+    assert next(i for i in data["images"] if i["tag"] == TAG)["smoke"]["verdict"] == "stale"
+    assert "✕ stale" in (project / "IMAGES.md").read_text()
+
+
+def test_reports_dir_option(project, tmp_path, monkeypatch):
+    elsewhere = tmp_path / "ci-reports"
+    monkeypatch.setenv("BUILDER_REPORTS", str(elsewhere))
+    write_reports()
+    monkeypatch.delenv("BUILDER_REPORTS")
+    assert run_cli("catalog") == 0
+    assert FULL not in (project / "IMAGES.md").read_text()  # build/reports is empty here
+    assert run_cli("catalog", "--reports", str(elsewhere)) == 0
+    assert FULL in (project / "IMAGES.md").read_text()
