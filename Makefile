@@ -15,8 +15,8 @@ PYTEST_FLAGS ?=
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "} {printf "  %-12s %s\n", $$1, $$2}'
 
-$(VENV)/.stamp: requirements-dev.txt pyproject.toml
-	python3 -m venv $(VENV) && $(VENV)/bin/pip install -q --no-deps -r requirements-dev.txt && touch $@
+$(VENV)/.stamp: requirements-dev.txt
+	python3 -m venv $(VENV) && $(VENV)/bin/pip install -q --require-hashes --no-deps -r requirements-dev.txt && touch $@
 
 venv: $(VENV)/.stamp ## create .venv from the pinned dev requirements
 
