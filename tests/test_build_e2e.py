@@ -105,3 +105,25 @@ def test_verification_names_a_replaced_package(ci_build, tmp_path):
     facts = json.loads((ROOT / "dockerfiles" / CI_TAG / "image.json").read_text())
     problems = verify.problems(facts, verify.installed(ref))
     assert problems == ["transformers: installed 5.23.0, matrix pins 5.24.0"]
+
+
+def test_ctrl_c_stops_cleanly(ci_build):
+    """SIGINT during a real build: the docker build stops, the summary says so, exit 130, tag not moved."""
+    import signal
+    import time
+
+    before = inspect(IMAGE)["Id"]
+    proc = subprocess.Popen([sys.executable, "-m", "builder", "build", CI_TAG, "--local-base", "--force",
+                             "--no-cache"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = ""
+    deadline = time.monotonic() + 300
+    while "[os " not in seen and time.monotonic() < deadline:  # BuildKit has started the first stage
+        seen += proc.stdout.readline()
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=120)
+    output = seen + rest
+    assert proc.returncode == 130, output[-2000:]
+    assert "interrupted" in output and "Traceback" not in output
+    leftover = subprocess.run(["pgrep", "-f", f"docker build .*-t {IMAGE} "], capture_output=True, text=True)
+    assert leftover.stdout.strip() == "", "the docker build process must not outlive the builder"
+    assert inspect(IMAGE)["Id"] == before, "an interrupted build must not move the tag"

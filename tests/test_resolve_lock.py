@@ -89,3 +89,16 @@ def test_lock_check_names_the_broken_pin(project, capsys):
     (dst / lock.LOCK).write_text("".join(lines[:first] + ["peft==0.21.2\n"] + lines[last:]))
     assert run_cli("lock", "--check", "cu130-torch2.13-bookworm") == 2
     assert "peft has no hash" in capsys.readouterr().err
+
+
+@pytest.mark.network
+def test_torch_layer_survives_a_change_of_another_pin(project):
+    """torch.lock decides the multi-GB torch layer: changing peft must leave it byte-identical."""
+    entry = matrix.load(project / "matrix.yaml").by_tag()["cu130-torch2.13-bookworm"]
+    lock.lock(entry, project / "a")
+    (project / "matrix.yaml").write_text(VALID_MATRIX.replace("peft: 0.21.2", "peft: 0.21.1"))
+    changed = matrix.load(project / "matrix.yaml").by_tag()["cu130-torch2.13-bookworm"]
+    lock.lock(changed, project / "b")
+    assert (project / "a" / lock.TORCH_LOCK).read_bytes() == (project / "b" / lock.TORCH_LOCK).read_bytes()
+    assert (project / "a" / lock.LOCK).read_bytes() != (project / "b" / lock.LOCK).read_bytes()
+    assert "peft==0.21.1" in (project / "b" / lock.LOCK).read_text()
