@@ -12,13 +12,10 @@ from pathlib import Path
 
 import jinja2
 
-from builder import compat, fsutil, lock
+from builder import compat, fsutil
 from builder.matrix import Entry, Matrix
 
 OUT_DIR = Path("dockerfiles")
-RENDERED = ("Dockerfile", "image.json")
-# Files in dockerfiles/<tag>/ written by `lock`, not by `render`.
-LOCK_FILES = (lock.LOCK, lock.TORCH_LOCK, lock.FLASH_LOCK, lock.APT_LOCK)
 FACTS_SCHEMA = 1
 
 

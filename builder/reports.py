@@ -9,8 +9,6 @@ from pathlib import Path
 from builder import fsutil
 from builder.errors import UserError
 
-STEPS = ("build", "smoke", "publish", "repro")
-
 
 def directory() -> Path:
     return Path(os.environ.get("BUILDER_REPORTS", "build/reports"))

@@ -45,7 +45,7 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> LineDict:
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def _count_nodes(node: yaml.Node, seen: set[int]) -> int:
+def _count_nodes(node: yaml.Node) -> int:
     # Aliases point at the same node object; counting each visit bounds the expanded size.
     stack, total = [node], 0
     while stack:
@@ -76,7 +76,7 @@ def load(path: Path):
             node = loader.get_single_node()
             if node is None:
                 return None
-            if _count_nodes(node, set()) > MAX_NODES:
+            if _count_nodes(node) > MAX_NODES:
                 raise MatrixError(f"{path}: more than {MAX_NODES} YAML nodes (aliases expanded)")
             return loader.construct_document(node)
         finally:
