@@ -161,8 +161,8 @@ def base_choice(entry: Entry, args) -> dict:
 
 
 def build_argv(entry: Entry, context: Path, facts: dict, digest: str, base: dict, secrets: dict, args,
-               ref: str | None = None) -> list[str]:
-    epoch = source_date_epoch(entry)
+               ref: str | None = None, epoch: int | None = None) -> list[str]:
+    epoch = source_date_epoch(entry) if epoch is None else epoch
     argv = engine.client().build_argv() + ["--progress=plain", "--network=host", "-t", ref or local_ref(entry),
                                            "--build-arg", f"SOURCE_DATE_EPOCH={epoch}",
                                            "--build-arg", f"BASE_IMAGE={base['ref']}"]
@@ -218,8 +218,9 @@ def build_one(entry: Entry, args) -> dict:
         reports.write(entry.tag, "build", report)
         return report
     base = base_choice(entry, args)
+    epoch = source_date_epoch(entry)
     with secret_files(args.ca_bundle) as (secrets, secret_values):
-        argv = build_argv(entry, context, facts, digest, base, secrets, args)
+        argv = build_argv(entry, context, facts, digest, base, secrets, args, epoch=epoch)
         proc = engine.run_cli(argv, mask=secret_values)
     shown = " ".join(argv)
     for value in secret_values:
@@ -238,7 +239,7 @@ def build_one(entry: Entry, args) -> dict:
         "image": local_ref(entry), "image_id": image.id, "size_bytes": image.attrs.get("Size"),
         "duration_s": round(time.monotonic() - started, 1), "input_hash": digest, "command": shown,
         "base": base, "versions": found.get("versions"), "torch_cuda": found.get("torch_cuda"),
-        "verification": mismatches or "ok", "source_date_epoch": source_date_epoch(entry),
+        "verification": mismatches or "ok", "source_date_epoch": epoch,
         "docker": {"binary": engine.client().binary, "mode": engine.client().mode},
     }
     reports.write(entry.tag, "build", report)
