@@ -3,14 +3,14 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # The default image: the matrix entry marked `default: true` (built end to end by CI).
-DEFAULT_TAG = $(shell $(PY) -c 'from builder import matrix; print(matrix.load().default.tag)')
-DEFAULT_BASE = $(shell $(PY) -c 'from builder import matrix; e = matrix.load().default; print(e.base_name, e.base_digest or "")')
+DEFAULT_TAG = $(shell $(PY) -c 'from builder.model import matrix; print(matrix.load().default.tag)')
+DEFAULT_BASE = $(shell $(PY) -c 'from builder.model import matrix; e = matrix.load().default; print(e.base_name, e.base_digest or "")')
 TAG ?=
 BUILD_FLAGS ?= --local-base
 SMOKE_FLAGS ?= --cpu
 PYTEST_FLAGS ?=
 
-.PHONY: help venv docker validate render lock lint test build build-all smoke image publish catalog verify repro
+.PHONY: help venv docker validate render lock lint unit test build build-all smoke image publish catalog verify repro
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "} {printf "  %-12s %s\n", $$1, $$2}'
@@ -35,8 +35,11 @@ lock: venv ## re-lock TAG (default: every entry) against its index
 lint: venv ## ruff, render --check, lock --check
 	$(PY) -m ruff check builder smoke tests bench && $(PY) -m builder render --check && $(PY) -m builder lock --check
 
-test: venv docker ## run the whole test suite (real Docker builds, registry, gate)
-	$(PY) -m pytest $(PYTEST_FLAGS)
+unit: venv ## the unit tests only: no Docker engine, no network, under a minute
+	$(PY) -m pytest tests/unit $(PYTEST_FLAGS)
+
+test: venv docker ## the whole suite: unit tests, then real Docker builds, registry, gate
+	$(PY) -m pytest tests/unit tests/integration $(PYTEST_FLAGS)
 
 build: venv ## build TAG (default: the default image) with BuildKit
 	$(PY) -m builder build $(or $(TAG),$(DEFAULT_TAG)) $(BUILD_FLAGS)

@@ -62,7 +62,7 @@ def ours(work: Path, tag: str) -> tuple[float, str]:
 
 def naive(work: Path, tag: str) -> tuple[float, str]:
     sys.path.insert(0, str(work))
-    from builder import matrix
+    from builder.model import matrix
 
     e = matrix.load(work / "matrix.yaml").by_tag()[tag]
     pins = " ".join(f"{n}=={v}" for n, v in e.pins.items() if v and n != "torch")

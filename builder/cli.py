@@ -8,8 +8,9 @@ import os
 import sys
 from pathlib import Path
 
-from builder import compat, log, matrix
+from builder import log
 from builder.errors import BuilderError, EnvironmentProblem, UserError
+from builder.model import compat, matrix
 
 HEADERS = ("tag", "torch", "CUDA", "Python", "transformers", "deepspeed", "flash-attn")
 
@@ -49,14 +50,14 @@ def cmd_list(args) -> int:
 
 
 def cmd_matrix(args) -> int:
-    from builder import plan
+    from builder.model import plan
 
     print(json.dumps(plan.github_matrix(_selected(args)), sort_keys=True))
     return 0
 
 
 def cmd_resolve(args) -> int:
-    from builder import resolve
+    from builder.steps import resolve
 
     entries = _selected(args)
     compat.require(entries)
@@ -72,7 +73,8 @@ def cmd_resolve(args) -> int:
 
 
 def cmd_lock(args) -> int:
-    from builder import baseimage, lock, render
+    from builder.boundary import baseimage
+    from builder.steps import lock, render
 
     entries = _selected(args)
     compat.require(entries)
@@ -103,7 +105,7 @@ def cmd_lock(args) -> int:
 
 
 def cmd_render(args) -> int:
-    from builder import readme, render
+    from builder.steps import readme, render
 
     m = _load(args)
     entries = _selected(args, m)
@@ -174,14 +176,14 @@ def register_later_verbs(verb) -> None:
     import importlib
 
     for name, module, help_text, tags in (
-        ("build", "builder.build", "build images with BuildKit, verify them, write build reports", True),
-        ("smoke", "builder.smoke", "run the smoke gate in a built image; write the smoke report", True),
-        ("publish", "builder.publish", "push images that passed the gate; move the alias last", True),
-        ("catalog", "builder.catalog", "write IMAGES.md and images.json from the reports", False),
-        ("verify", "builder.hostverify", "re-verify a pulled image on this host (host checks + gate)", False),
-        ("manifest", "builder.manifest", "content manifest of an image (files, Python and OS packages)", False),
-        ("repro", "builder.repro", "rebuild from scratch and compare manifests", True),
-        ("diff", "builder.diff", "what changed between two images (tags or image refs)", False),
+        ("build", "builder.steps.build", "build images with BuildKit, verify them, write build reports", True),
+        ("smoke", "builder.steps.smoke", "run the smoke gate in a built image; write the smoke report", True),
+        ("publish", "builder.steps.publish", "push images that passed the gate; move the alias last", True),
+        ("catalog", "builder.steps.catalog", "write IMAGES.md and images.json from the reports", False),
+        ("verify", "builder.steps.verify", "re-verify a pulled image on this host (host checks + gate)", False),
+        ("manifest", "builder.steps.manifest", "content manifest of an image (files, Python and OS packages)", False),
+        ("repro", "builder.steps.repro", "rebuild from scratch and compare manifests", True),
+        ("diff", "builder.steps.diff", "what changed between two images (tags or image refs)", False),
     ):
         try:
             mod = importlib.import_module(module)

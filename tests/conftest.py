@@ -66,7 +66,7 @@ def run_cli(*argv: str) -> int:
 
 def docker_available() -> bool:
     try:
-        from builder import engine
+        from builder.boundary import engine
 
         engine.sdk()
         engine.client()

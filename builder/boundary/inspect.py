@@ -1,0 +1,48 @@
+"""Verify a built image against its own facts: every pin installed at its version, torch the CUDA build
+it should be and not replaced by a later install, `pip check` clean. Runs a stdlib script in the image.
+"""
+
+from __future__ import annotations
+
+import json
+
+from builder.boundary import engine
+
+IN_IMAGE_SCRIPT = "/opt/train-image/smoke/installed.py"
+
+
+def installed(image: str) -> dict:
+    # smoke/ is copied into every image: its inventory script is the one contract for "what is installed".
+    code, logs = engine.run_container(image, ["python", IN_IMAGE_SCRIPT], timeout=300)
+    for line in logs.splitlines():
+        if line.startswith("INSTALLED-JSON "):
+            return json.loads(line[len("INSTALLED-JSON "):])
+    return {"error": f"exit {code}: {logs.strip()[-500:]}"}
+
+
+def problems(facts: dict, found: dict) -> list[str]:
+    """Each mismatch, naming the package. Empty when the image is what its facts say."""
+    if "error" in found:
+        return [f"could not inspect the image: {found['error']}"]
+    out = []
+    for name, pinned in facts["pins"].items():
+        got = found["versions"].get(name)
+        if pinned is None and got is not None:
+            out.append(f"{name} {got} is installed but the matrix pins none")
+        elif pinned is not None and got != pinned:
+            out.append(f"{name}: installed {got or 'nothing'}, matrix pins {pinned}")
+    if found.get("torch_error"):
+        out.append(f"torch does not import: {found['torch_error']}")
+    elif found.get("torch_cuda") != facts["cuda"]:
+        out.append(f"torch is a CUDA {found.get('torch_cuda')} build, the entry says CUDA {facts['cuda']} "
+                   "(was torch replaced by a later install?)")
+    if found.get("torch_dists", 0) > 1:
+        out.append(f"{found['torch_dists']} distributions provide `torch`: a second torch was installed")
+    for rogue in ("pynvml", "nvidia-ml-py3"):
+        if found["versions"].get(rogue):
+            out.append(f"{rogue} {found['versions'][rogue]} is installed; the NVML binding must be nvidia-ml-py")
+    if not found.get("pip_check", {}).get("ok"):
+        out.append(f"pip check fails: {found.get('pip_check', {}).get('output', '')}")
+    if not found.get("python", "").startswith(facts["python"] + "."):
+        out.append(f"Python is {found.get('python')}, the entry says {facts['python']}")
+    return out

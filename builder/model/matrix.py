@@ -1,0 +1,302 @@
+"""Load and validate matrix.yaml into frozen Entry objects (step 1 of the pipeline).
+
+Every value that can reach a Dockerfile is checked against a strict pattern here, so no newline or
+shell metacharacter from the matrix can become an instruction.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from builder.errors import MatrixError, UserError
+from builder.model import yamlread
+
+DEFAULT_MATRIX = Path("matrix.yaml")
+MAX_ENTRIES = 200
+
+# Docker allows uppercase in tags, but we use the tag as a directory and report name everywhere:
+# lowercase keeps it one identifier on case-insensitive file systems too.
+TAG_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
+IMAGE_NAME_RE = re.compile(
+    r"^(?:[a-z0-9]+(?:[.-][a-z0-9]+)*(?::[0-9]+)?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+    r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$"
+)
+BASE_RE = re.compile(
+    r"^(?P<name>[a-z0-9][a-z0-9._/:-]*?)(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
+    r"(?:@(?P<digest>sha256:[a-f0-9]{64}))?$"
+)
+URL_RE = re.compile(r"^https?://[A-Za-z0-9.-]+(?::[0-9]{1,5})?(?:/[A-Za-z0-9._~%/+-]*)?$")
+LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+NOTE_RE = re.compile(r"^[^\x00-\x1f\x7f\\`$]{0,300}$")  # one printable line: safe in a comment
+
+# The Python distributions every image pins, in the order used everywhere (tables, labels, locks).
+PACKAGES = ("torch", "transformers", "deepspeed", "peft", "accelerate", "nvidia-ml-py", "flash-attn")
+REQUIRED_PACKAGES = PACKAGES[:-1]
+
+
+@dataclass(frozen=True)
+class Entry:
+    tag: str
+    image: str
+    base: str
+    python: str
+    cuda: str
+    pins: dict  # distribution name -> exact version (None where not installed)
+    index_url: str
+    runner: tuple[str, ...]
+    ci: bool = False
+    default: bool = False
+    base_source: str = ""
+    lines: dict = field(default_factory=dict, compare=False, repr=False)
+    source: str = "matrix.yaml"
+
+    @property
+    def base_digest(self) -> str | None:
+        return BASE_RE.match(self.base).group("digest")
+
+    @property
+    def base_name(self) -> str:
+        """The base without its digest (name:tag), for display and local substitution."""
+        return self.base.split("@", 1)[0]
+
+    @property
+    def torch(self) -> str:
+        return self.pins["torch"]
+
+    def line(self, key: str) -> int:
+        return self.lines.get(key, self.lines.get("tag", 0))
+
+
+@dataclass(frozen=True)
+class Matrix:
+    path: Path
+    image: str
+    entries: tuple[Entry, ...]
+
+    def by_tag(self) -> dict[str, Entry]:
+        return {e.tag: e for e in self.entries}
+
+    @property
+    def default(self) -> Entry:
+        return next(e for e in self.entries if e.default)
+
+
+# --- field schema -------------------------------------------------------------------------------------
+
+
+def _version(value, fail: Callable[[str, str], None]) -> str:
+    if isinstance(value, float):
+        fail(f"{value!r} was read as a number", 'quote it so YAML keeps it as text, e.g. "3.10"')
+    if not isinstance(value, str):
+        fail(f"expected a version string, got {type(value).__name__}", 'write an exact version, e.g. "2.3.1"')
+    try:
+        parsed = Version(value)
+    except InvalidVersion:
+        fail(f"{value!r} is not a version", 'write an exact version such as "2.3.1" (no ranges)')
+    if str(parsed) != value:
+        fail(f"{value!r} is not in canonical form", f'write "{parsed}"')
+    return value
+
+
+def _short_version(value, fail) -> str:
+    value = _version(value, fail)
+    if len(Version(value).release) != 2:
+        fail(f"{value!r} must be MAJOR.MINOR", 'e.g. "3.11" or "12.1"')
+    return value
+
+
+def _pattern(regex: re.Pattern, what: str, example: str):
+    def check(value, fail) -> str:
+        if not isinstance(value, str):
+            fail(f"expected text, got {type(value).__name__}", f"write {what}, e.g. {example}")
+        if not regex.match(value):
+            shown = value if len(value) <= 60 else value[:57] + "..."
+            fail(f"{shown!r} is not {what}", f"use only the allowed characters, e.g. {example}")
+        return value
+
+    return check
+
+
+def _bool(value, fail) -> bool:
+    if not isinstance(value, bool):
+        fail(f"expected true or false, got {value!r}", "write true or false")
+    return value
+
+
+def _labels(value, fail) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        fail("expected a non-empty list of runner labels", "e.g. [self-hosted, linux, x64, gpu]")
+    for label in value:
+        if not isinstance(label, str) or not LABEL_RE.match(label):
+            fail(f"{label!r} is not a runner label", "letters, digits, '.', '_' and '-' only")
+    return tuple(value)
+
+
+def _optional_version(value, fail):
+    return None if value is None else _version(value, fail)
+
+
+# key -> (checker, required). Keys may also be given once under `defaults`.
+ENTRY_FIELDS: dict[str, tuple[Callable, bool]] = {
+    "tag": (_pattern(TAG_RE, "a valid tag (lowercase a-z 0-9 . _ -, up to 128)", "cu121-torch2.3"), True),
+    "base": (_pattern(BASE_RE, "an image reference", "debian:bookworm-slim@sha256:<64 hex>"), True),
+    "base_source": (_pattern(NOTE_RE, "one line of plain text", '"docker-library/repo-info"'), False),
+    "python": (_short_version, True),
+    "cuda": (_short_version, True),
+    **{name: (_version, True) for name in REQUIRED_PACKAGES},
+    "flash-attn": (_optional_version, False),
+    "index_url": (_pattern(URL_RE, "an http(s) index URL", "https://pypi.org/simple"), False),
+    "runner": (_labels, False),
+    "ci": (_bool, False),
+    "default": (_bool, False),
+}
+DEFAULTS_ONLY = {"image": _pattern(IMAGE_NAME_RE, "an image name", "ghcr.io/acme/train")}
+TOP_LEVEL = ("defaults", "entries")
+FALLBACKS = {"index_url": "https://pypi.org/simple", "runner": ["self-hosted", "linux", "x64", "gpu"]}
+
+
+def _did_you_mean(key: str, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    return f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(sorted(known))}"
+
+
+class _Reporter:
+    def __init__(self, path: Path):
+        self.path = path
+
+    def fail(self, line: int, where: str, message: str, hint: str = "") -> None:
+        raise MatrixError(f"{self.path}:{line}: {where}: {message}", hint or None)
+
+
+def load(path: Path = DEFAULT_MATRIX) -> Matrix:
+    """Read and validate the matrix. Raises MatrixError with file:line, tag and field."""
+    path = Path(path)
+    data = yamlread.load(path)
+    report = _Reporter(path)
+    if data is None:
+        report.fail(1, "matrix", "the file is empty", "declare `defaults:` and `entries:` (see README)")
+    if not isinstance(data, yamlread.LineDict):
+        report.fail(1, "matrix", f"expected a mapping at the top, got {type(data).__name__}",
+                    "start with `defaults:` and `entries:`")
+    for key in data:
+        if key not in TOP_LEVEL:
+            report.fail(data.key_lines[key], f"'{key}'", "unknown top-level key", _did_you_mean(key, TOP_LEVEL))
+    defaults = _read_defaults(data.get("defaults", yamlread.LineDict()), report)
+    raw_entries = data.get("entries")
+    if not isinstance(raw_entries, list) or not raw_entries:
+        report.fail(data.key_lines.get("entries", 1), "entries", "expected a non-empty list of entries",
+                    "add at least one `- tag: ...` entry")
+    if len(raw_entries) > MAX_ENTRIES:
+        report.fail(data.key_lines["entries"], "entries", f"{len(raw_entries)} entries (limit {MAX_ENTRIES})")
+    entries: list[Entry] = []
+    seen: dict[str, int] = {}
+    for index, raw in enumerate(raw_entries):
+        entry = _read_entry(raw, index, defaults, report)
+        if entry.tag in seen:
+            report.fail(entry.line("tag"), f"entry '{entry.tag}', field 'tag'",
+                        f"duplicate tag (first at line {seen[entry.tag]})", "every entry needs its own tag")
+        seen[entry.tag] = entry.line("tag")
+        entries.append(entry)
+    _check_flags(entries, report)
+    return Matrix(path=path, image=defaults["image"], entries=tuple(entries))
+
+
+def _read_defaults(raw, report: _Reporter) -> dict:
+    if not isinstance(raw, yamlread.LineDict):
+        report.fail(1, "defaults", "expected a mapping")
+    known = {**{k: v for k, v in ENTRY_FIELDS.items() if k != "tag"}, **{k: (v, True) for k, v in
+                                                                          DEFAULTS_ONLY.items()}}
+    values: dict = {"_lines": dict(raw.key_lines)}
+    for key, value in raw.items():
+        if key not in known:
+            report.fail(raw.key_lines[key], f"defaults, field '{key}'", "unknown key", _did_you_mean(key, known))
+        checker = known[key][0]
+        values[key] = checker(value, lambda m, h="", k=key: report.fail(raw.key_lines[k],
+                                                                         f"defaults, field '{k}'", m, h))
+    if "image" not in values:
+        report.fail(raw.line or 1, "defaults", "missing required key 'image'",
+                    "name the image repository once, e.g. image: ghcr.io/acme/train")
+    return values
+
+
+def _read_entry(raw, index: int, defaults: dict, report: _Reporter) -> Entry:
+    if not isinstance(raw, yamlread.LineDict):
+        report.fail(1, f"entries[{index}]", f"expected a mapping, got {type(raw).__name__}",
+                    "each entry is `- tag: ...` followed by its fields")
+    tag_value = raw.get("tag")
+    name = f"entry '{tag_value}'" if isinstance(tag_value, str) and len(tag_value) < 60 else f"entries[{index}]"
+    for key in raw:
+        if key not in ENTRY_FIELDS:
+            hint = _did_you_mean(key, ENTRY_FIELDS)
+            if key in DEFAULTS_ONLY:
+                hint = f"'{key}' is shared by all entries: set it once under `defaults:`"
+            report.fail(raw.key_lines[key], f"{name}, field '{key}'", "unknown key", hint)
+    values: dict = {}
+    lines: dict = {}
+    for key, (checker, required) in ENTRY_FIELDS.items():
+        if key in raw:
+            line, value = raw.key_lines[key], raw[key]
+        elif key in defaults:
+            line, value = defaults["_lines"][key], defaults[key]
+            values[key] = value  # already checked when defaults were read
+            lines[key] = line
+            continue
+        elif required:
+            report.fail(raw.line, f"{name}", f"missing required field '{key}'",
+                        f"add `{key}:` to the entry or under `defaults:`")
+            continue
+        else:
+            continue
+        lines[key] = line
+        values[key] = checker(value, lambda m, h="", k=key, ln=line: report.fail(ln, f"{name}, field '{k}'", m, h))
+    pins = {p: values.get(p) for p in PACKAGES}
+    return Entry(
+        tag=values["tag"], image=defaults["image"], base=values["base"], python=values["python"],
+        cuda=values["cuda"], pins=pins, index_url=values.get("index_url", FALLBACKS["index_url"]),
+        runner=tuple(values.get("runner", FALLBACKS["runner"])), ci=values.get("ci", False),
+        default=values.get("default", False), base_source=values.get("base_source", ""),
+        lines=lines, source=str(report.path),
+    )
+
+
+def _check_flags(entries: Sequence[Entry], report: _Reporter) -> None:
+    defaults = [e for e in entries if e.default]
+    if len(defaults) != 1:
+        line = defaults[1].line("default") if len(defaults) > 1 else 1
+        report.fail(line, "entries", f"{len(defaults)} entries have `default: true`",
+                    "mark exactly one entry as the default image")
+
+
+def strict_problems(matrix: Matrix) -> list[str]:
+    """What `validate --strict` adds: every base pinned by digest, with its source noted."""
+    problems = []
+    for e in matrix.entries:
+        if not e.base_digest:
+            problems.append(f"{matrix.path}:{e.line('base')}: entry '{e.tag}', field 'base': not pinned by digest"
+                            " — append @sha256:<digest> (and note where it came from in base_source)")
+        elif not e.base_source:
+            problems.append(f"{matrix.path}:{e.line('base')}: entry '{e.tag}', field 'base_source': missing"
+                            " — say where the digest was taken from")
+    return problems
+
+
+def select(matrix: Matrix, patterns: Sequence[str] | None) -> list[Entry]:
+    """Entries whose tag matches any of the tags/globs; all when none are given."""
+    if not patterns:
+        return list(matrix.entries)
+    chosen: list[Entry] = []
+    tags = [e.tag for e in matrix.entries]
+    for pattern in patterns:
+        matched = [e for e in matrix.entries if fnmatch.fnmatchcase(e.tag, pattern)]
+        if not matched:
+            raise UserError(f"no matrix entry matches '{pattern}'",
+                            _did_you_mean(pattern, tags).replace("known keys", "known tags"))
+        chosen.extend(e for e in matched if e not in chosen)
+    return chosen

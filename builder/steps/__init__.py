@@ -1,0 +1,1 @@
+"""The pipeline steps, one module each; see builder/steps/registry.py."""

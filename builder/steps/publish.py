@@ -1,0 +1,281 @@
+"""Publish images that passed the gate (step 7): immutable full tag first, digest read back, alias last.
+
+Order, per tag, and why:
+  1. gate: build/reports/<tag>.smoke.json must say passed for the *current* local image ID; a rebuilt or
+     retagged image has another ID and needs a new gate run.
+  2. push the immutable full tag (format below); an existing full tag is never overwritten.
+  3. read the digest back from the registry (HTTP API, not the push output) and check it equals the digest
+     the push reported and the local image's RepoDigests.
+  4. only then push the short alias (`cu121-torch2.3`) and read it back too.
+A failure anywhere stops before the alias moves, so users pulling the alias never get an unchecked image.
+
+Full tag format (Docker tags are at most 128 characters of [A-Za-z0-9_.-]):
+  <tag>-torch<V>-tf<V>-ds<V>-peft<V>-acc<V>-nvml<V>[-fa<V>]-<YYYYMMDD>-<rev7>[-dirty]
+e.g. cu130-torch2.13-bookworm-torch2.13.0-tf5.24.0-ds0.19.8-peft0.21.2-acc1.16.0-nvml13.615.71-20261202-a94488e
+Versions come from the image's own labels (verified by the build), the date is the publish date (UTC)
+and rev the source revision the image was built from. When that is longer than 128 characters the
+version block becomes `pins<first 12 hex of its sha256>`; every version is still in the image's labels
+and in build/reports/<tag>.publish.json.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from builder import log, reports
+from builder.boundary import engine, registry
+from builder.errors import BuilderError, EnvironmentProblem, StepFailed, UserError
+
+MAX_TAG = 128
+SHORT = {"torch": "torch", "transformers": "tf", "deepspeed": "ds", "peft": "peft", "accelerate": "acc",
+         "nvidia-ml-py": "nvml", "flash-attn": "fa"}
+BACKOFF_S = 2.0  # first retry delay; doubles each time
+DIGEST_LINE = re.compile(r"digest: (sha256:[a-f0-9]{64})")
+# Worth another try: the registry or the network hiccupped. Anything else (auth, quota, bad name) is final.
+TRANSIENT = re.compile(r"connection refused|connection reset|i/o timeout|timeout|EOF|TLS handshake|"
+                       r"\b50[0234]\b|toomanyrequests|429|temporary failure|broken pipe", re.IGNORECASE)
+AUTH = re.compile(r"unauthorized|authentication required|no basic auth credentials|denied", re.IGNORECASE)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--registry", required=True, metavar="HOST[:PORT][/NAMESPACE]",
+                   help="where to push; the repository is NAMESPACE/<last part of the matrix image name>")
+    p.add_argument("--dry-run", action="store_true", help="check the gate and show the tags; push nothing")
+    p.add_argument("--username", help="with --password-stdin: log in for this run only (temporary Docker config)")
+    p.add_argument("--password-stdin", action="store_true", help="read the registry password or token from stdin")
+    p.add_argument("--date", help="YYYYMMDD in the full tag (default: today, UTC)")
+    p.add_argument("--revision", help="source revision in the full tag (default: the image's revision label)")
+    p.add_argument("--retries", type=int, default=3, help="tries per registry operation (default 3)")
+
+
+# --- what may be published, and under which names -----------------------------------------------------
+
+
+def gate(entry) -> tuple[object, dict]:
+    """The local image and its smoke report, or a refusal saying what to run."""
+    from builder.steps.build import local_ref
+
+    ref = local_ref(entry)
+    image = engine.image_or_none(ref)
+    if image is None:
+        raise UserError(f"{entry.tag}: there is no local image {ref}", f"build it: python -m builder build {entry.tag}")
+    smoke = reports.read(entry.tag, "smoke", required=False)
+    rerun = f"python -m builder smoke {entry.tag}"
+    if smoke is None:
+        raise StepFailed(f"{entry.tag}: refusing to publish: no smoke report ({reports.path(entry.tag, 'smoke')})",
+                         f"run the gate first: {rerun}")
+    if smoke.get("passed") is not True:
+        raise StepFailed(f"{entry.tag}: refusing to publish: the smoke gate did not pass "
+                         f"(report of {smoke.get('finished_at', '?')})", f"fix the image, rebuild, then {rerun}")
+    if smoke.get("image_id") != image.id:
+        raise StepFailed(f"{entry.tag}: refusing to publish: the passing smoke report is for image "
+                         f"{str(smoke.get('image_id'))[:19]}, but {ref} is now {image.id[:19]} (rebuilt or retagged)",
+                         f"gate this exact image: {rerun}")
+    return image, smoke
+
+
+def versions(entry, labels: dict) -> dict:
+    """Pinned versions as the image's labels state them (the build verified them), else the matrix pins."""
+    out = {}
+    for name in SHORT:
+        label = labels.get(f"io.train-images.pin.{name}")
+        value = label if label is not None else entry.pins.get(name)
+        if value and value != "none":
+            out[name] = value
+    return out
+
+
+def full_tag(tag: str, pins: dict, date: str, revision: str) -> str:
+    block = "-".join(f"{SHORT[name]}{pins[name]}" for name in SHORT if name in pins)
+    tail = f"-{date}-{revision}"
+    full = f"{tag}-{block}{tail}"
+    if len(full) <= MAX_TAG:
+        return full
+    tail = f"-pins{hashlib.sha256(block.encode()).hexdigest()[:12]}{tail}"
+    return tag[: MAX_TAG - len(tail)] + tail
+
+
+def revision_of(labels: dict, override: str | None) -> str:
+    raw = override or labels.get("org.opencontainers.image.revision") or "unknown"
+    rev, dirty = raw.removesuffix("-dirty"), raw.endswith("-dirty")
+    cleaned = re.sub(r"[^A-Za-z0-9_.]", "", rev)[:7] or "unknown"
+    return cleaned + ("-dirty" if dirty else "")
+
+
+# --- docker CLI with retries ---------------------------------------------------------------------------
+
+
+def retrying(what: str, attempt, tries: int):
+    """Call attempt() up to `tries` times while it raises registry.Transient, backing off between tries."""
+    delay = BACKOFF_S
+    for n in range(1, max(tries, 1) + 1):
+        try:
+            return attempt()
+        except registry.Transient as exc:
+            if n >= tries:
+                raise StepFailed(f"{what}: {exc.message} (gave up after {tries} tries)",
+                                 "the registry is down or unreachable; nothing after this step was changed") from None
+            log.info(f"  {what}: {exc.message}; retry {n + 1}/{tries} in {delay:.0f}s")
+            time.sleep(delay)
+            delay *= 2
+
+
+def docker(config: Path | None, *argv: str) -> list[str]:
+    return [engine.client().binary, *(["--config", str(config)] if config else []), *argv]
+
+
+def tag_image(config: Path | None, image_id: str, ref: str) -> None:
+    proc = engine.run_cli(docker(config, "tag", image_id, ref), stream=False)
+    if proc.returncode != 0:
+        raise StepFailed(f"docker tag {ref} failed: {(proc.stderr or proc.stdout).strip()[:200]}")
+
+
+def push(config: Path | None, ref: str, host: str) -> str:
+    """docker push; returns the digest it reports. Raises Transient for errors worth retrying."""
+    proc = engine.run_cli(docker(config, "push", ref))
+    out = proc.stdout
+    if proc.returncode == 0:
+        found = DIGEST_LINE.findall(out)
+        if found:
+            return found[-1]
+        raise StepFailed(f"docker push {ref} reported no digest", "see the push output above")
+    last = [line for line in out.splitlines() if line.strip()][-1:] or [f"exit {proc.returncode}"]
+    if AUTH.search(out):
+        raise StepFailed(f"{host} refused the push of {ref}: {last[0][:200]}",
+                         f"log in first (`docker login {host}`), or pass --username U --password-stdin")
+    if TRANSIENT.search(out):
+        raise registry.Transient(f"push of {ref} failed: {last[0][:200]}")
+    raise StepFailed(f"push of {ref} failed: {last[0][:200]}", "see the push output above")
+
+
+@contextlib.contextmanager
+def docker_config(args, host: str):
+    """A temporary Docker config holding a login made from stdin, or None (use the user's own config)."""
+    if not args.password_stdin:
+        if args.username:
+            raise UserError("--username needs --password-stdin", "or log in once with `docker login`")
+        yield None
+        return
+    if not args.username:
+        raise UserError("--password-stdin needs --username")
+    secret = sys.stdin.read().rstrip("\r\n")
+    if not secret:
+        raise UserError("--password-stdin: nothing on stdin", "pipe the password or token in: printf %s \"$TOKEN\" | …")
+    tmp = Path(tempfile.mkdtemp(prefix="builder-docker-config-"))
+    tmp.chmod(0o700)
+    try:
+        argv = docker(tmp, "login", "--username", args.username, "--password-stdin", host)
+        log.echo_command(argv)
+        try:
+            proc = subprocess.run(argv, input=secret, capture_output=True, text=True, timeout=120,
+                                  env=engine.client().env())
+        except subprocess.TimeoutExpired:
+            raise StepFailed(f"docker login {host} timed out") from None
+        if proc.returncode != 0:
+            reason = (proc.stderr.strip().splitlines() or ["?"])[-1].replace(secret, "****")[:200]
+            raise StepFailed(f"login to {host} as {args.username} failed: {reason}", "check the user name and token")
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --- one tag -------------------------------------------------------------------------------------------
+
+
+def _after_full_push(repo: registry.Repository, digest: str) -> None:
+    """Nothing; a seam for tests that break the registry between the full tag and the alias."""
+
+
+def _read_back(repo, ref: str, config, tries: int) -> str | None:
+    return retrying(f"read back {repo.ref}:{ref}", lambda: registry.manifest_digest(repo, ref, config), tries)
+
+
+def _local_digests(image, repo) -> set[str]:
+    image.reload()
+    return {d.split("@", 1)[1] for d in image.attrs.get("RepoDigests", []) if d.split("@", 1)[0] == repo.ref}
+
+
+def publish_one(entry, args, config: Path | None) -> dict:
+    image, smoke = gate(entry)
+    labels = image.labels or {}
+    repo = registry.repository(args.registry, entry.image)
+    date = args.date or datetime.now(timezone.utc).strftime("%Y%m%d")
+    if not re.fullmatch(r"20[0-9]{6}", date):
+        raise UserError(f"--date {date!r} is not YYYYMMDD", "e.g. --date 20261202")
+    full = full_tag(entry.tag, versions(entry, labels), date, revision_of(labels, args.revision))
+    plan = {"registry": args.registry, "repository": repo.ref, "full_tag": full, "alias": entry.tag,
+            "image_id": image.id, "smoke_finished_at": smoke.get("finished_at"), "smoke_mode": smoke.get("mode")}
+    if args.dry_run:
+        log.info(f"  would push {repo.ref}:{full}, then move {repo.ref}:{entry.tag}")
+        return {**plan, "result": "dry-run"}
+    started = time.monotonic()
+    existing = _read_back(repo, full, config, args.retries)
+    if existing and existing not in _local_digests(image, repo):
+        raise StepFailed(f"{repo.ref}:{full} already exists with another image ({existing[:19]}); full tags are "
+                         "immutable", "rebuild from a new commit, or publish with another --date")
+    tag_image(config, image.id, f"{repo.ref}:{full}")
+    pushed = retrying(f"push {repo.ref}:{full}", lambda: push(config, f"{repo.ref}:{full}", repo.host), args.retries)
+    served = _read_back(repo, full, config, args.retries)
+    local = _local_digests(image, repo)
+    if served != pushed or pushed not in local:
+        raise StepFailed(f"{repo.ref}:{full}: the registry serves {served}, the push reported {pushed}, the local "
+                         f"image records {sorted(local) or 'none'}",
+                         "the alias was not moved; investigate the registry")
+    _after_full_push(repo, served)
+    tag_image(config, image.id, f"{repo.ref}:{entry.tag}")
+    alias_pushed = retrying(f"push {repo.ref}:{entry.tag}", lambda: push(config, f"{repo.ref}:{entry.tag}", repo.host),
+                            args.retries)
+    alias_served = _read_back(repo, entry.tag, config, args.retries)
+    if not alias_pushed == alias_served == served:
+        raise StepFailed(f"{repo.ref}:{entry.tag} points at {alias_served}, expected {served}",
+                         "publish again; the full tag is correct")
+    report = {**plan, "result": "published", "digest": served, "size_bytes": image.attrs.get("Size"),
+              "pull": f"{repo.ref}@{served}", "push_seconds": round(time.monotonic() - started, 1),
+              "published_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    reports.write(entry.tag, "publish", report)
+    return report
+
+
+def main(args) -> int:
+    from builder import cli
+    from builder.model import matrix
+
+    m = cli._load(args)
+    if not args.tags:
+        raise UserError("which image? name tags (or globs)", f"e.g. python -m builder publish {m.default.tag} "
+                        "--registry ghcr.io/acme")
+    entries = matrix.select(m, args.tags)
+    repo_host = registry.repository(args.registry, m.image).host
+    engine.sdk()
+    engine.client()
+    rows, failed = [], 0
+    with docker_config(args, repo_host) if not args.dry_run else contextlib.nullcontext() as config:
+        for entry in entries:
+            try:
+                with log.step(f"publish {entry.tag}{' (dry run)' if args.dry_run else ''}") as note:
+                    report = publish_one(entry, args, config)
+                    note["result"] = report.get("digest") or report["full_tag"]
+                rows.append([entry.tag, f"{log.mark(True)} {report['result']}", report["full_tag"],
+                             report.get("digest", "—"), f"{report.get('push_seconds', 0):.0f}s"])
+            except EnvironmentProblem:
+                raise
+            except BuilderError as exc:
+                if len(entries) == 1:
+                    raise  # one tag: its own message and exit code say it all
+                failed += 1
+                log.info(f"error: {exc}")
+                rows.append([entry.tag, f"{log.mark(False)} {exc.message.splitlines()[0][:90]}", "—", "—", "—"])
+    log.summary("Publish", ("tag", "result", "full tag", "digest", "time"), rows)
+    if failed:
+        raise StepFailed(f"{failed} of {len(entries)} image(s) not published; their aliases were not moved",
+                         "see the errors above")
+    return 0

@@ -1,0 +1,101 @@
+"""Resolve an entry's Python packages with a real resolver (uv pip compile) for its Python and platform.
+
+`resolve` proves a combination installs together; `lock` (lock.py) reuses `compile_requirements` with
+hashes. Both ask the index the entry names.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+from builder import log
+from builder.errors import CompatError, EnvironmentProblem
+from builder.model.compat import uses_pypi
+from builder.model.matrix import Entry
+
+# Linux x86_64 with glibc 2.28+: Debian 12 (2.36), Ubuntu 22.04 (2.35) and 24.04 (2.39) all qualify.
+PLATFORM = "x86_64-manylinux_2_28"
+# Always in the image: ninja lets torch/DeepSpeed JIT-build C++ ops; setuptools builds sdists (DeepSpeed).
+TOOLING = ("ninja", "setuptools")
+
+
+def requirement_lines(entry: Entry) -> list[str]:
+    """The resolver input. `transformers[torch]` makes transformers' own torch minimum count."""
+    lines = []
+    for name, version in entry.pins.items():
+        if version is None or name == "flash-attn":
+            # flash-attn's PyPI release is an sdist that downloads a GitHub wheel at build time; it is
+            # installed from that wheel directly (see the Dockerfile), so it stays out of the resolution.
+            continue
+        extra = "[torch]" if name == "transformers" else ""
+        lines.append(f"{name}{extra}=={version}")
+    if entry.pins.get("flash-attn"):
+        lines.append("einops")  # flash-attn's only runtime dependency besides torch
+    lines.extend(TOOLING)
+    return lines
+
+
+def _uv() -> str:
+    try:
+        from uv import find_uv_bin
+
+        return find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        raise EnvironmentProblem("uv is not installed", "run `make venv` (or pip install uv)") from None
+
+
+def compile_requirements(entry: Entry, hashes: bool) -> str:
+    """Run uv pip compile; return its output. Conflicts become a CompatError in uv's own plain words."""
+    argv = [_uv(), "pip", "compile", "-", "--python-version", entry.python, "--python-platform", PLATFORM,
+            "--index-url", entry.index_url, "--no-header", "--quiet", "--annotation-style", "split"]
+    if hashes:
+        argv.append("--generate-hashes")
+    if not uses_pypi(entry):
+        argv += ["--index-strategy", "unsafe-best-match", "--extra-index-url", "https://pypi.org/simple"]
+    log.echo_command(argv)
+    env = dict(os.environ, UV_NO_CONFIG="1")  # the project decides, not a stray uv.toml
+    try:
+        proc = subprocess.run(argv, input="\n".join(requirement_lines(entry)) + "\n", text=True,
+                              capture_output=True, env=env, timeout=600)
+    except subprocess.TimeoutExpired:
+        raise EnvironmentProblem(f"{entry.tag}: resolution took over 10 minutes", "is the index reachable?") from None
+    if proc.returncode == 0:
+        return proc.stdout
+    message = _explain(proc.stderr)
+    if _is_network(proc.stderr):
+        raise EnvironmentProblem(f"{entry.tag}: cannot reach {entry.index_url}: {message}",
+                                 "check the network/proxy (SSL_CERT_FILE for an intercepting proxy)")
+    raise CompatError(f"{entry.tag}: these pins do not install together: {message}",
+                      "change the conflicting pin in matrix.yaml")
+
+
+def _explain(stderr: str) -> str:
+    # uv prints a tree ("× No solution found… ╰─▶ Because …"); flatten it to plain sentences.
+    text = re.sub(r"[×╰─▶│]+", " ", stderr)
+    return " ".join(text.split())
+
+
+def _is_network(stderr: str) -> bool:
+    return any(s in stderr for s in ("Failed to fetch", "dns error", "Connection refused", "certificate",
+                                     "timed out", "error sending request"))
+
+
+def parse_pins(compiled: str) -> dict[str, str]:
+    """name -> version for every `name==version` line of a compiled requirements text."""
+    pins = {}
+    for line in compiled.splitlines():
+        m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;\\]+)", line)
+        if m:
+            pins[canonical(m.group(1))] = m.group(2)
+    return pins
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def resolve(entry: Entry) -> dict[str, str]:
+    """Resolve without hashes; return the full pin set."""
+    return parse_pins(compile_requirements(entry, hashes=False))

@@ -1,0 +1,199 @@
+"""Re-verify a pulled image on this host (`python -m builder verify IMAGE`): host checks, then the gate.
+
+For a user on any cloud: is this host able to run this image, and does the image still pass its own
+smoke gate here? The image says what it needs in /opt/train-image/image.json (min driver, versions);
+the host is checked against that, then the same gate that allowed publication runs in the image.
+Without a usable GPU the gate runs in CPU mode and the verdict says plainly that GPU checks were not run.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+
+from packaging.version import InvalidVersion, Version
+
+from builder import fsutil, log
+from builder.boundary import engine
+from builder.errors import EnvironmentProblem, StepFailed, UserError
+
+FACTS = "/opt/train-image/image.json"
+MIN_SHM_MB = 1024  # below this, NCCL and DataLoader workers fail when containers share the host's /dev/shm
+
+
+def add_arguments(p) -> None:
+    p.add_argument("image", metavar="IMAGE", help="image reference, e.g. ghcr.io/acme/train@sha256:…")
+    p.add_argument("--cpu", action="store_true", help="run the gate in CPU mode even when GPUs are present")
+    p.add_argument("--no-pull", action="store_true", help="use the local image only")
+    p.add_argument("--timeout", type=int, default=600, help="seconds per gate check (default 600)")
+    p.add_argument("--shm-size", default="8g", help="/dev/shm size for the gate container (default 8g)")
+    p.add_argument("--json", metavar="PATH", help="also write the verdict as JSON")
+
+
+# --- the image -----------------------------------------------------------------------------------------
+
+
+def ensure_image(ref: str, pull: bool):
+    image = engine.image_or_none(ref)
+    if image is None and pull:
+        proc = engine.run_cli([engine.client().binary, "pull", ref])
+        if proc.returncode != 0:
+            raise EnvironmentProblem(f"cannot pull {ref}", "check the name, your network and `docker login`")
+        image = engine.image_or_none(ref)
+    if image is None:
+        raise UserError(f"image {ref} is not here", "drop --no-pull, or `docker pull` it first")
+    return image
+
+
+def read_facts(image) -> dict:
+    """The image's facts file, copied out of a created (never started) container: works without a shell."""
+    container = engine.sdk().containers.create(image.id, command=["true"], network_disabled=True)
+    try:
+        stream, _ = container.get_archive(FACTS)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            member = tar.getmembers()[0]
+            return json.loads(tar.extractfile(member).read())
+    except Exception as exc:  # noqa: BLE001 - NotFound, bad tar, bad JSON: one answer for the user
+        name = image.tags[0] if image.tags else image.id[:19]
+        raise StepFailed(f"{name} has no readable {FACTS} ({type(exc).__name__})",
+                         "this is not a train-images image, or it was built incorrectly") from None
+    finally:
+        container.remove(force=True)
+
+
+# --- the host ------------------------------------------------------------------------------------------
+
+
+def parse_nvidia_smi(text: str) -> list[dict]:
+    """Rows of `nvidia-smi --query-gpu=driver_version,name,memory.total --format=csv,noheader,nounits`."""
+    gpus = []
+    for line in text.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 3:
+            gpus.append({"driver": parts[0], "name": parts[1], "memory_mb": parts[2]})
+    return gpus
+
+
+def host_gpus() -> tuple[list[dict], str]:
+    """(GPUs, how we know). nvidia-smi first; NVML through pynvml when only the library is there."""
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            query = ["--query-gpu=driver_version,name,memory.total", "--format=csv,noheader,nounits"]
+            proc = subprocess.run([smi, *query], capture_output=True, text=True, timeout=60)
+            if proc.returncode == 0:
+                return parse_nvidia_smi(proc.stdout), "nvidia-smi"
+            return [], f"nvidia-smi failed: {(proc.stderr or proc.stdout).strip()[:160]}"
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return [], f"nvidia-smi failed: {exc}"
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        driver = driver.decode() if isinstance(driver, bytes) else driver
+        gpus = [{"driver": driver, "name": str(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))),
+                 "memory_mb": ""} for i in range(pynvml.nvmlDeviceGetCount())]
+        return gpus, "NVML"
+    except Exception:  # noqa: BLE001 - no library, no driver: both mean "no GPU here"
+        return [], "no nvidia-smi and no NVML on this host"
+
+
+def driver_ok(found: str, minimum: str) -> bool:
+    try:
+        return Version(found) >= Version(minimum)
+    except InvalidVersion:
+        return False
+
+
+def shm_mb(path: str = "/dev/shm") -> int | None:
+    try:
+        st = os.statvfs(path)
+        return st.f_blocks * st.f_frsize // (1024 * 1024)
+    except OSError:
+        return None
+
+
+def host_checks(facts: dict, info: dict, gpus: list[dict], source: str, force_cpu: bool) -> tuple[list, bool]:
+    """Rows (check, ok True/False/None, detail, what to do) and whether the gate can use GPUs."""
+    rows = [("Docker engine", True, f"{info.get('ServerVersion', '?')} ({info.get('OperatingSystem', '?')})", "")]
+    runtimes = sorted((info.get("Runtimes") or {}).keys())
+    nvidia = "nvidia" in runtimes or bool(shutil.which("nvidia-container-runtime-hook"))
+    rows.append(("NVIDIA container runtime", nvidia if gpus else None, ", ".join(runtimes) or "none",
+                 "" if nvidia or not gpus else "install the NVIDIA Container Toolkit and run "
+                 "`nvidia-ctk runtime configure --runtime=docker`, then restart Docker"))
+    minimum = facts.get("min_driver", "0")
+    driver_good = False
+    if gpus:
+        driver = gpus[0]["driver"]
+        ok = driver_good = driver_ok(driver, minimum)
+        rows.append(("NVIDIA driver", ok, f"{driver} (image needs ≥ {minimum}, via {source})",
+                     "" if ok else f"upgrade the driver to {minimum} or newer, or use an image for an older CUDA"))
+        names = sorted({g["name"] for g in gpus})
+        rows.append(("GPUs", True, f"{len(gpus)} × {', '.join(names)}", ""))
+    else:
+        rows.append(("NVIDIA driver", None, f"none found ({source}); the image needs ≥ {minimum} for GPU use", ""))
+        rows.append(("GPUs", None, "0", ""))
+    shm = shm_mb()
+    shm_ok = shm is not None and shm >= MIN_SHM_MB
+    rows.append(("host /dev/shm", shm_ok if shm is not None else None, f"{shm} MB" if shm is not None else "missing",
+                 "" if shm_ok else f"with --ipc=host give /dev/shm ≥ {MIN_SHM_MB} MB; otherwise pass --shm-size=8g"))
+    use_gpus = bool(gpus) and nvidia and driver_good and not force_cpu
+    return rows, use_gpus
+
+
+# --- verdict -------------------------------------------------------------------------------------------
+
+
+def verdict(image_ref: str, rows: list, gate: dict, use_gpus: bool, why_cpu: str) -> tuple[bool, list[str]]:
+    failed = [r for r in rows if r[1] is False]
+    checks = gate.get("checks") or []
+    bad_checks = [c for c in checks if not c.get("passed")]
+    ok = not failed and gate.get("passed") is True
+    lines = [f"{'✓ PASS' if ok else '✕ FAIL'}: {image_ref} on this host"]
+    if not use_gpus:
+        lines.append(f"  note: the gate ran in CPU mode; GPU checks (CUDA, NCCL over GPUs) were NOT run — {why_cpu}")
+    for name, _, detail, fix in failed:
+        lines.append(f"  host: {name}: {detail}" + (f" → {fix}" if fix else ""))
+    for check in bad_checks:
+        diagnosis = check.get("diagnosis") or [check.get("summary") or "failed"]
+        diagnosis = [diagnosis] if isinstance(diagnosis, str) else diagnosis
+        lines.append(f"  image: {check.get('name')}: {'; '.join(str(d) for d in diagnosis if d)[:400]}")
+    return ok, lines
+
+
+def main(args) -> int:
+    engine.sdk()  # no engine: EnvironmentProblem with how to start one
+    with log.step(f"image {args.image}") as note:
+        image = ensure_image(args.image, pull=not args.no_pull)
+        facts = read_facts(image)
+        note["result"] = f"{facts.get('tag')}: torch {facts.get('pins', {}).get('torch')}, CUDA {facts.get('cuda')}"
+    with log.step("host") as note:
+        gpus, source = host_gpus()
+        rows, use_gpus = host_checks(facts, engine.sdk().info(), gpus, source, args.cpu)
+        note["result"] = f"{len(gpus)} GPU(s), gate in {'GPU' if use_gpus else 'CPU'} mode"
+    why_cpu = ("--cpu was given" if args.cpu else "no usable GPU here" if not gpus
+               else "the host checks above failed")
+    from builder import smoke  # the lead's gate runner; imported late so `verify --help` needs no engine
+
+    with log.step(f"smoke gate in {args.image} ({'GPU' if use_gpus else 'CPU'})") as note:
+        gate = smoke.run_gate(image.id, gpus=use_gpus, timeout=args.timeout, shm_size=args.shm_size)
+        note["result"] = "passed" if gate.get("passed") else "FAILED"
+    table = [[name, log.mark(ok) if ok is not None else "–", detail] for name, ok, detail, _ in rows]
+    table += [[f"gate: {c.get('name')}", log.mark(bool(c.get("passed"))), (c.get("summary") or "")[:90]]
+              for c in gate.get("checks") or []]
+    log.summary(f"verify {args.image}", ("check", "ok", "detail"), table)
+    ok, lines = verdict(args.image, rows, gate, use_gpus, why_cpu)
+    for line in lines:
+        print(line)
+    if args.json:
+        fsutil.write_json(args.json, {"image": args.image, "image_id": image.id, "passed": ok, "gpu_mode": use_gpus,
+                                      "host": [dict(zip(("check", "ok", "detail", "fix"), r)) for r in rows],
+                                      "gate": gate, "verdict": lines})
+    if not ok:
+        raise StepFailed(f"{args.image} did not verify on this host", "see the lines above for what to do")
+    return 0

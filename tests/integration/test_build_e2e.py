@@ -1,0 +1,129 @@
+"""Real BuildKit build of the CI entry: verified versions, labels, facts file, no secret anywhere, skip."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+from builder.boundary import inspect as verify
+from tests.conftest import CI_TAG, DOCKER, ROOT, derived_image, need_full_build
+
+pytestmark = pytest.mark.docker
+IMAGE = f"ghcr.io/train-images/train:{CI_TAG}"
+
+
+def inspect(ref: str) -> dict:
+    return json.loads(subprocess.run([DOCKER, "image", "inspect", ref], capture_output=True, text=True,
+                                     check=True).stdout)[0]
+
+
+def test_image_is_built_and_verified(ci_build):
+    need_full_build(ci_build)
+    report = ci_build["report"]
+    facts = json.loads((ROOT / "dockerfiles" / CI_TAG / "image.json").read_text())
+    assert report["result"] == "built" and report["verification"] == "ok"
+    for name, version in facts["pins"].items():
+        assert report["versions"][name] == version, name
+    assert report["torch_cuda"] == facts["cuda"] == "13.0"
+    assert inspect(IMAGE)["Id"] == report["image_id"]
+    assert report["size_bytes"] > 1e9 and report["duration_s"] > 0
+    # Every RUN executed (no layer cache), so the secret scan below covers real installs.
+    run_steps = set(re.findall(r"#(\d+) \[[a-z]+ \d+/\d+\] RUN ", ci_build["log"]))
+    cached = set(re.findall(r"#(\d+) CACHED", ci_build["log"]))
+    assert len(run_steps) >= 4 and not run_steps & cached, "every RUN step must have executed"
+    assert "Successfully installed" in ci_build["log"] and "torch-2.13.0" in ci_build["log"]
+
+
+def test_labels(ci_build):
+    labels = inspect(IMAGE)["Config"]["Labels"]
+    report = ci_build["report"]
+    assert labels["org.opencontainers.image.version"] == CI_TAG
+    assert labels["org.opencontainers.image.source"].startswith("https://")
+    assert len(labels["org.opencontainers.image.revision"]) >= 40
+    assert labels["org.opencontainers.image.created"].endswith("Z")
+    assert labels["org.opencontainers.image.base.digest"].startswith("sha256:")
+    assert labels["io.train-images.input-hash"] == report["input_hash"]
+    assert labels["io.train-images.pin.torch"] == "2.13.0"
+    assert labels["io.train-images.pin.flash-attn"] == "none"
+    assert labels["io.train-images.min-driver"] == "580.65.06"
+    # The base here is a local debootstrap copy, not the pinned digest: that must be visible.
+    assert labels["io.train-images.base.substituted"] == "true"
+
+
+def test_facts_file_inside_image(ci_build):
+    out = subprocess.run([DOCKER, "run", "--rm", "--network", "none", IMAGE, "cat", "/opt/train-image/image.json"],
+                         capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == json.loads((ROOT / "dockerfiles" / CI_TAG / "image.json").read_text())
+    which = subprocess.run([DOCKER, "run", "--rm", "--network", "none", IMAGE, "sh", "-c", "command -v smoke"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert which == "/usr/local/bin/smoke"
+
+
+def test_no_secret_in_layers_history_config_or_log(ci_build, tmp_path):
+    need_full_build(ci_build)
+    marker = ci_build["marker"].encode()
+    assert marker not in ci_build["log"].encode(), "the CA bundle leaked into the build log"
+    history = subprocess.run([DOCKER, "history", "--no-trunc", IMAGE], capture_output=True, text=True, check=True)
+    assert ci_build["marker"] not in history.stdout
+    assert str(ci_build["bundle"]) not in history.stdout, "the secret's path is in the history"
+    assert ci_build["marker"] not in json.dumps(inspect(IMAGE))
+    # Every byte of every layer: docker save streams the image as a tar of layer tars.
+    save = subprocess.Popen([DOCKER, "save", IMAGE], stdout=subprocess.PIPE)
+    scanned = 0
+    with tarfile.open(fileobj=save.stdout, mode="r|") as outer:
+        for member in outer:
+            if not member.isfile():
+                continue
+            handle = outer.extractfile(member)
+            tail = b""
+            while chunk := handle.read(1 << 22):
+                assert marker not in tail + chunk, f"the CA bundle's bytes are in {member.name}"
+                tail = chunk[-len(marker):]
+                scanned += len(chunk)
+    assert save.wait() == 0
+    assert scanned > 1e9, f"only {scanned} bytes scanned"
+
+
+def test_second_build_with_unchanged_inputs_is_skipped(ci_build):
+    proc = subprocess.run([sys.executable, "-m", "builder", "build", CI_TAG, "--local-base"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((ROOT / "build/reports" / f"{CI_TAG}.build.json").read_text())
+    assert report["result"] == "skipped" and report["image_id"] == ci_build["report"]["image_id"]
+    assert "docker build" not in proc.stderr.split("▶ build")[1]
+    assert "skipped" in proc.stderr  # the summary table says so
+
+
+def test_verification_names_a_replaced_package(ci_build, tmp_path):
+    # A later install that moves a pinned package must be caught with the package named.
+    ref = derived_image("moved-transformers", IMAGE, ["pip install --no-deps transformers==5.23.0"], tmp_path)
+    facts = json.loads((ROOT / "dockerfiles" / CI_TAG / "image.json").read_text())
+    problems = verify.problems(facts, verify.installed(ref))
+    assert problems == ["transformers: installed 5.23.0, matrix pins 5.24.0"]
+
+
+def test_ctrl_c_stops_cleanly(ci_build):
+    """SIGINT during a real build: the docker build stops, the summary says so, exit 130, tag not moved."""
+    import signal
+    import time
+
+    before = inspect(IMAGE)["Id"]
+    proc = subprocess.Popen([sys.executable, "-m", "builder", "build", CI_TAG, "--local-base", "--force",
+                             "--no-cache"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = ""
+    deadline = time.monotonic() + 300
+    while "[os " not in seen and time.monotonic() < deadline:  # BuildKit has started the first stage
+        seen += proc.stdout.readline()
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=120)
+    output = seen + rest
+    assert proc.returncode == 130, output[-2000:]
+    assert "interrupted" in output and "Traceback" not in output
+    leftover = subprocess.run(["pgrep", "-f", f"docker build .*-t {IMAGE} "], capture_output=True, text=True)
+    assert leftover.stdout.strip() == "", "the docker build process must not outlive the builder"
+    assert inspect(IMAGE)["Id"] == before, "an interrupted build must not move the tag"

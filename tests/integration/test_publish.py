@@ -1,0 +1,277 @@
+"""publish against a real registry on 127.0.0.1: the gate, the order (full tag, read-back, alias), auth, failures.
+
+Most tests push a tiny real image (FROM scratch, one file, a label: pushes in well under a second) and
+write a smoke report for its ID themselves: what is under test is publish's gate and push logic, not
+the gate's checks. test_publish_real_ci_image pushes the real CI image with its real smoke report.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from builder import reports
+from builder.boundary import engine
+from builder.steps import publish
+from tests.conftest import ROOT, run_cli
+from tests.integration import registry_fixture
+
+TAG = "cu121-torch2.3"
+LOCAL = f"example.org/team/train:{TAG}"  # the project fixture's matrix image
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("require_docker")]
+
+
+def docker(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run([engine.client().binary, *argv], capture_output=True, text=True, check=check, timeout=600)
+
+
+@pytest.fixture
+def images():
+    """Build tiny images on demand; remove them (every tag) afterwards."""
+    made: list[str] = []
+
+    def make(tmp_dir, ref: str = LOCAL) -> str:
+        marker = uuid.uuid4().hex
+        ctx = tmp_dir / f"ctx-{marker[:8]}"
+        ctx.mkdir()
+        (ctx / "hello.txt").write_text(marker + "\n")
+        (ctx / "Dockerfile").write_text(f"FROM scratch\nCOPY hello.txt /\nLABEL io.train-images.test={marker}\n")
+        docker("build", "-q", "-t", ref, str(ctx))
+        image_id = docker("image", "inspect", "--format", "{{.Id}}", ref).stdout.strip()
+        made.append(image_id)
+        return image_id
+
+    yield make
+    for image_id in made:
+        docker("rmi", "-f", image_id, check=False)
+
+
+@pytest.fixture
+def registry(tmp_path):
+    if not registry_fixture.available():
+        pytest.fail("needs /usr/bin/docker-registry and htpasswd: apt-get install docker-registry apache2-utils")
+    reg = registry_fixture.Registry(tmp_path / "registry").start()
+    yield reg
+    reg.stop()
+
+
+@pytest.fixture(autouse=True)
+def no_ambient_credentials(tmp_path, monkeypatch):
+    """An empty Docker config: only what a test passes in can authenticate."""
+    config = tmp_path / "docker-config"
+    config.mkdir()
+    monkeypatch.setenv("DOCKER_CONFIG", str(config))
+    monkeypatch.setattr(publish, "BACKOFF_S", 0.05)
+
+
+def passing_smoke(image_id: str, tag: str = TAG) -> None:
+    reports.write(tag, "smoke", {"passed": True, "image_id": image_id, "mode": "cpu",
+                                 "finished_at": "2026-12-02T00:00:00Z", "checks": []})
+
+
+# --- the happy path ------------------------------------------------------------------------------------
+
+
+def test_publish_then_pull_back_by_digest_and_alias(project, registry, images, capsys):
+    image_id = images(project)
+    passing_smoke(image_id)
+    assert run_cli("publish", TAG, "--registry", f"{registry.host}/team", "--date", "20261202",
+                   "--revision", "abcdef0123") == 0
+    report = reports.read(TAG, "publish")
+    full = f"{TAG}-torch2.3.1-tf4.44.2-ds0.15.1-peft0.12.0-acc0.34.2-nvml12.555.43-fa2.6.3-20261202-abcdef0"
+    assert report["full_tag"] == full and report["alias"] == TAG and report["image_id"] == image_id
+    assert registry.digest("team/train", full) == report["digest"] == registry.digest("team/train", TAG)
+    assert report["digest"] in capsys.readouterr().err  # the summary names the digest
+
+    docker("rmi", "-f", image_id)  # gone locally: the pulls below must fetch from the registry
+    repo = f"{registry.host}/team/train"
+    docker("pull", f"{repo}@{report['digest']}")
+    assert docker("image", "inspect", "--format", "{{.Id}}", f"{repo}@{report['digest']}").stdout.strip() == image_id
+    docker("rmi", "-f", image_id)
+    docker("pull", f"{repo}:{TAG}")
+    assert docker("image", "inspect", "--format", "{{.Id}}", f"{repo}:{TAG}").stdout.strip() == image_id
+
+
+def test_republishing_the_same_image_is_idempotent(project, registry, images):
+    passing_smoke(images(project))
+    argv = ("publish", TAG, "--registry", registry.host, "--date", "20261202", "--revision", "abc1234")
+    assert run_cli(*argv) == 0
+    first = reports.read(TAG, "publish")["digest"]
+    assert run_cli(*argv) == 0
+    assert reports.read(TAG, "publish")["digest"] == first
+
+
+def test_full_tags_are_immutable(project, registry, images, capsys):
+    argv = ("publish", TAG, "--registry", registry.host, "--date", "20261202", "--revision", "abc1234")
+    passing_smoke(images(project))
+    assert run_cli(*argv) == 0
+    old = registry.digest("train", TAG)
+    passing_smoke(images(project))  # a rebuild with the same versions, date and revision
+    assert run_cli(*argv) == 1
+    assert "already exists with another image" in capsys.readouterr().err
+    assert registry.digest("train", TAG) == old
+
+
+def test_dry_run_pushes_nothing(project, registry, images, capsys):
+    passing_smoke(images(project))
+    assert run_cli("publish", TAG, "--registry", registry.host, "--dry-run") == 0
+    assert "would push" in capsys.readouterr().err
+    assert registry.digest("train", TAG) is None and reports.read(TAG, "publish", required=False) is None
+
+
+# --- the gate ------------------------------------------------------------------------------------------
+
+
+def test_refused_without_smoke_report(project, registry, images, capsys):
+    images(project)
+    assert run_cli("publish", TAG, "--registry", registry.host) == 1
+    err = capsys.readouterr().err
+    assert "refusing to publish: no smoke report" in err and f"python -m builder smoke {TAG}" in err
+    assert registry.digest("train", TAG) is None
+
+
+def test_refused_when_smoke_failed(project, registry, images, capsys):
+    image_id = images(project)
+    reports.write(TAG, "smoke", {"passed": False, "image_id": image_id, "finished_at": "2026-12-02T00:00:00Z"})
+    assert run_cli("publish", TAG, "--registry", registry.host) == 1
+    assert "the smoke gate did not pass" in capsys.readouterr().err
+    assert registry.digest("train", TAG) is None
+
+
+def test_refused_when_smoke_passed_for_another_image(project, registry, images, capsys):
+    old = images(project)
+    passing_smoke(old)
+    images(project)  # rebuilt: same tag, new image ID, not gated
+    assert run_cli("publish", TAG, "--registry", registry.host) == 1
+    err = capsys.readouterr().err
+    assert "is for image " + old[:19] in err and "rebuilt or retagged" in err
+    assert registry.digest("train", TAG) is None
+
+
+def test_refused_without_local_image(project, registry, capsys):
+    docker("rmi", "-f", LOCAL, check=False)
+    assert run_cli("publish", TAG, "--registry", registry.host) == 2
+    assert f"there is no local image {LOCAL}" in capsys.readouterr().err
+
+
+# --- credentials ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def auth_registry(tmp_path):
+    reg = registry_fixture.Registry(tmp_path / "auth-registry", users={"ci": "s3cr3t-Pa55"}).start()
+    yield reg
+    reg.stop()
+
+
+def test_auth_registry_with_password_stdin(project, auth_registry, images, monkeypatch, capsys):
+    passing_smoke(images(project))
+    monkeypatch.setattr(sys, "stdin", io.StringIO("s3cr3t-Pa55\n"))
+    assert run_cli("publish", TAG, "--registry", auth_registry.host, "--username", "ci", "--password-stdin") == 0
+    digest = reports.read(TAG, "publish")["digest"]
+    assert auth_registry.digest("train", TAG, user="ci") == digest
+    out = capsys.readouterr()
+    assert "s3cr3t-Pa55" not in out.out + out.err
+    assert "s3cr3t-Pa55" not in reports.path(TAG, "publish").read_text()
+
+
+def test_auth_registry_with_docker_config(project, auth_registry, images, tmp_path, capsys):
+    """Credentials the user stored with `docker login` (DOCKER_CONFIG) serve both the push and the read-back."""
+    passing_smoke(images(project))
+    login = subprocess.run([engine.client().binary, "login", "-u", "ci", "--password-stdin", auth_registry.host],
+                           input="s3cr3t-Pa55", capture_output=True, text=True)
+    assert login.returncode == 0, login.stderr
+    assert run_cli("publish", TAG, "--registry", auth_registry.host) == 0
+    assert auth_registry.digest("train", TAG, user="ci") == reports.read(TAG, "publish")["digest"]
+
+
+def test_auth_registry_without_credentials_fails_cleanly(project, auth_registry, images, capsys):
+    passing_smoke(images(project))
+    assert run_cli("publish", TAG, "--registry", auth_registry.host) == 1
+    err = capsys.readouterr().err
+    assert "needs credentials" in err or "refused the push" in err
+    assert "--password-stdin" in err and "Traceback" not in err
+    assert auth_registry.digest("train", TAG, user="ci") is None
+
+
+def test_auth_registry_wrong_password(project, auth_registry, images, monkeypatch, capsys):
+    passing_smoke(images(project))
+    monkeypatch.setattr(sys, "stdin", io.StringIO("wrong-password\n"))
+    assert run_cli("publish", TAG, "--registry", auth_registry.host, "--username", "ci", "--password-stdin") == 1
+    err = capsys.readouterr().err
+    assert "login to" in err and "failed" in err and "wrong-password" not in err
+
+
+# --- failures in the middle ----------------------------------------------------------------------------
+
+
+def test_registry_dies_after_full_tag_alias_unmoved(project, registry, images, monkeypatch, capsys):
+    passing_smoke(images(project))
+    assert run_cli("publish", TAG, "--registry", registry.host, "--date", "20261201", "--revision", "aaaaaaa") == 0
+    before = reports.read(TAG, "publish")
+    new_id = images(project)
+    passing_smoke(new_id)
+    monkeypatch.setattr(publish, "_after_full_push", lambda repo, digest: registry.stop())
+    assert run_cli("publish", TAG, "--registry", registry.host, "--date", "20261202", "--revision", "bbbbbbb") == 1
+    err = capsys.readouterr().err
+    assert "gave up after 3 tries" in err and "nothing after this step was changed" in err
+    registry.start()  # same port, same storage: what did the registry keep?
+    assert registry.digest("train", TAG) == before["digest"]  # the alias still points at the old image
+    assert registry.digest("train", before["full_tag"]) == before["digest"]
+    assert reports.read(TAG, "publish") == before  # no success was recorded
+
+
+def test_registry_down_from_the_start(project, registry, images, capsys):
+    passing_smoke(images(project))
+    registry.stop()
+    assert run_cli("publish", TAG, "--registry", registry.host, "--retries", "2") == 1
+    assert "does not answer" in capsys.readouterr().err
+    assert reports.read(TAG, "publish", required=False) is None
+
+
+# --- the real CI image ---------------------------------------------------------------------------------
+
+CI_TAG = "cu130-torch2.13-bookworm"
+
+
+def test_publish_real_ci_image(registry, tmp_path, monkeypatch):
+    """The real image (~5.7 GB) with its real smoke report: push, read back, pull by digest."""
+    monkeypatch.chdir(ROOT)
+    if reports.read(CI_TAG, "smoke", required=False) is None:
+        proc = subprocess.run([sys.executable, "-m", "builder", "smoke", CI_TAG, "--cpu"], cwd=ROOT, timeout=1800)
+        assert proc.returncode == 0, f"the real smoke gate failed for {CI_TAG}: see build/reports/{CI_TAG}.smoke.json"
+    smoke = json.loads(reports.path(CI_TAG, "smoke").read_text())
+    local = f"ghcr.io/train-images/train:{CI_TAG}"
+    current = docker("image", "inspect", "--format", "{{.Id}}", local, check=False).stdout.strip()
+    if not current:
+        pytest.fail(f"{local} is not built: run `make image` (build + smoke) first")
+    if not smoke.get("passed") or smoke.get("image_id") != current:
+        pytest.fail(f"the smoke report does not pass for {current[:19]}: run `python -m builder smoke {CI_TAG} --cpu`")
+    # Work on a copy of the reports so this test never rewrites the project's publish report.
+    copy = tmp_path / "reports"
+    copy.mkdir()
+    (copy / f"{CI_TAG}.smoke.json").write_text(reports.path(CI_TAG, "smoke").read_text())
+    monkeypatch.setenv("BUILDER_REPORTS", str(copy))
+    assert run_cli("publish", CI_TAG, "--registry", registry.host) == 0
+    report = reports.read(CI_TAG, "publish")
+    assert report["full_tag"].startswith(f"{CI_TAG}-torch2.13.0-tf5.24.0-ds0.19.8-peft0.21.2-acc1.16.0-nvml13.615.71-")
+    assert registry.digest("train", CI_TAG) == report["digest"] == registry.digest("train", report["full_tag"])
+    pulled = f"{registry.host}/train@{report['digest']}"
+    docker("pull", pulled)
+    assert docker("image", "inspect", "--format", "{{.Id}}", pulled).stdout.strip() == current
+    print(f"\nreal CI image: {report['size_bytes'] / 1e9:.2f} GB pushed in {report['push_seconds']}s, "
+          f"digest {report['digest']}")
+    # The round trip a user does on a cloud host: pull by digest, then re-verify there.
+    verdict = tmp_path / "verify.json"
+    assert run_cli("verify", pulled, "--json", str(verdict)) == 0
+    result = json.loads(verdict.read_text())
+    assert result["passed"] and result["image_id"] == current
+    if not result["gpu_mode"]:
+        assert any("GPU checks" in line and "NOT run" in line for line in result["verdict"])
+    for ref in (f"{registry.host}/train:{CI_TAG}", f"{registry.host}/train:{report['full_tag']}"):
+        docker("rmi", ref, check=False)  # untag only: the image itself stays

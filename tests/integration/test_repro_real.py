@@ -1,0 +1,40 @@
+"""Real-engine / real-index half of tests/unit/test_repro.py (kept apart so the unit suite needs neither)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from builder.steps import repro
+from tests.conftest import CI_TAG, ROOT, run_cli
+from tests.unit.test_manifest import build_small
+from tests.unit.test_repro import PLANTED
+
+
+@pytest.mark.docker
+def test_planted_nondeterminism_is_caught_with_the_file_named(require_docker, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    one = build_small(tmp_path, "planted-a", PLANTED, no_cache=True)
+    two = build_small(tmp_path, "planted-b", PLANTED, no_cache=True)
+    r = repro.compare_images(one, two)
+    assert not r["ok"]
+    assert [(d["path"], d["change"], d["class"]) for d in r["unexplained"]] == [("built-at", "changed", "content")]
+    assert r["unexplained"][0]["fields"] == ["sha256"]
+    assert r["files_compared"] > 1000 and r["packages"] == {"python_packages": [], "os_packages": []}
+    # The base layer is shared; the RUN layer is not.
+    assert r["layers"]["same_count"] == len(r["layers"]["a"]) - 1 and not r["layers"]["identical"]
+
+
+@pytest.mark.docker
+def test_real_repro_of_the_ci_entry(ci_build, monkeypatch):
+    """Two from-scratch builds of the CI entry (ci_build is one; repro makes the other) agree in content."""
+    monkeypatch.chdir(ROOT)
+    assert run_cli("--matrix", str(ROOT / "matrix.yaml"), "repro", CI_TAG, "--local-base") == 0
+    report = json.loads((ROOT / "build/reports" / f"{CI_TAG}.repro.json").read_text())
+    assert report["result"] == "reproducible", json.dumps(report["unexplained"][:20], indent=1)
+    assert report["unexplained_count"] == 0 and report["packages"] == {"python_packages": [], "os_packages": []}
+    assert report["files_compared"] > 30000 and report["bytes_compared"] > 5e9
+    assert report["rebuild"]["id"] != report["rebuild"]["original_id"]  # really two builds
+    assert not report["layers"]["identical"] or report["mtime_only"] == 0  # mtimes are all that may differ
+

@@ -1,0 +1,94 @@
+"""Build-step logic that needs no engine: failure explanations, secret handling, exit codes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from builder.steps import build
+from tests.conftest import ROOT
+
+SAMPLES = {
+    "write /opt/venv/x: no space left on device": "the disk is full",
+    ("ERROR: THESE PACKAGES DO NOT MATCH THE HASHES FROM THE REQUIREMENTS FILE.\n"
+     "    peft==0.21.2 from https://files/peft.whl:\n        Expected sha256 abc"): "lock hash: peft==0.21.2",
+    "E: Version '3.11.2-6+deb12u8' for 'python3.11' was not found": "apt: version 3.11.2-6+deb12u8 of python3.11",
+    ("failed to solve: failed to resolve source metadata for docker.io/library/debian:bookworm-slim@sha256:3783: "
+     "dial tcp: lookup registry-1.docker.io"): "the base image cannot be pulled",
+    "ssl.SSLCertVerificationError: [SSL: CERTIFICATE_VERIFY_FAILED]": "TLS verification failed",
+    "ERROR: ResolutionImpossible: for help visit": "pip found a conflict",
+}
+
+
+@pytest.mark.parametrize("output, expected", SAMPLES.items(), ids=range(len(SAMPLES)))
+def test_failures_are_explained(output, expected):
+    message, hint = build.explain_failure("#12 12.3 " + output + "\n")
+    assert expected in message
+    assert hint
+
+
+def test_unknown_failure_shows_the_tail():
+    message, _ = build.explain_failure("step 1\nstep 2\nsomething odd happened\n")
+    assert "something odd happened" in message
+
+
+def test_no_engine_is_exit_3_with_how_to_start(tmp_path):
+    env = dict(os.environ, DOCKER_HOST=f"unix://{tmp_path}/nothing.sock")
+    proc = subprocess.run([sys.executable, "-m", "builder", "build", "cu130-torch2.13-bookworm"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    assert "no Docker engine answers" in proc.stderr and "dockerd" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_build_without_tags_is_a_user_error():
+    proc = subprocess.run([sys.executable, "-m", "builder", "build"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2 and "pass --all" in proc.stderr
+
+
+def test_secrets_go_to_files_never_argv(monkeypatch, tmp_path):
+    token = "https://user:s3cr3t-token@index.example/simple"
+    monkeypatch.setenv("PIP_INDEX_URL", token)
+    bundle = tmp_path / "ca.pem"
+    bundle.write_text("-----BEGIN CERTIFICATE-----\nX\n-----END CERTIFICATE-----\n")
+    from builder.model import matrix
+
+    entry = matrix.load(ROOT / "matrix.yaml").by_tag()["cu130-torch2.13-bookworm"]
+    monkeypatch.setattr(build.engine, "client", lambda: build.engine.Client("/usr/bin/docker", "legacy"))
+    args = SimpleNamespace(apt_mirror=None, no_cache=False)
+    with build.secret_files(str(bundle)) as (secrets, values):
+        assert values == [token]
+        argv = build.build_argv(entry, ROOT / "build/context/x", {"python": "3.11", "cuda": "13.0", "min_driver": "1",
+                                                                  "pins": entry.pins}, "h", {"ref": "b", "substituted": False},
+                                secrets, args)
+        secret_file = secrets["pip_index_url"]
+        assert open(secret_file).read() == token and oct(os.stat(secret_file).st_mode)[-3:] == "600"
+    assert not os.path.exists(secret_file), "secret files are removed after the build"
+    text = " ".join(argv)
+    assert "s3cr3t" not in text and "--build-arg PIP_INDEX_URL" not in text
+    assert f"id=pip_cert,src={bundle}" in text and "id=pip_index_url,src=" in text
+
+
+def test_missing_ca_bundle_is_a_user_error(monkeypatch):
+    from builder.errors import UserError
+
+    with pytest.raises(UserError, match="does not exist"):
+        with build.secret_files("/nonexistent/ca.pem"):
+            pass
+
+
+def test_input_hash_covers_content_and_mode(tmp_path):
+    (tmp_path / "a").write_text("1")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b").write_text("2")
+    first = build.input_hash(tmp_path)
+    assert build.input_hash(tmp_path) == first
+    (tmp_path / "sub" / "b").write_text("3")
+    second = build.input_hash(tmp_path)
+    assert second != first
+    os.chmod(tmp_path / "a", 0o755)
+    assert build.input_hash(tmp_path) != second

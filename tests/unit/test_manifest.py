@@ -1,0 +1,130 @@
+"""Content manifests: layer application (whiteouts, opaque dirs, links), packages, determinism."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import tarfile
+
+import pytest
+
+from builder.steps import manifest
+from tests.conftest import DOCKER
+
+
+def _tar(members: list[tuple[str, str, bytes | str | None]]) -> bytes:
+    """A tar from (name, kind, data): kind file/dir/symlink/hardlink; data = content or link target."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, kind, data in members:
+            info = tarfile.TarInfo(name)
+            info.mtime = 1700000000
+            if kind == "dir":
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+            elif kind == "symlink":
+                info.type, info.linkname = tarfile.SYMTYPE, data
+                tar.addfile(info)
+            elif kind == "hardlink":
+                info.type, info.linkname = tarfile.LNKTYPE, data
+                tar.addfile(info)
+            else:
+                body = data.encode() if isinstance(data, str) else data
+                info.size, info.mode = len(body), 0o644
+                tar.addfile(info, io.BytesIO(body))
+    return buf.getvalue()
+
+
+def fake_save(layers: list[list]) -> bytes:
+    """A `docker save` archive (legacy layout) with the given layers, bottom first."""
+    names = [f"l{i}/layer.tar" for i in range(len(layers))]
+    config = {"rootfs": {"type": "layers", "diff_ids": [f"sha256:{i:064x}" for i in range(len(layers))]}}
+    top = [{"Config": "abc123.json", "RepoTags": ["t:1"], "Layers": names}]
+    members = [(n, "file", _tar(layer)) for n, layer in zip(names, layers)]
+    members += [("abc123.json", "file", json.dumps(config)), ("manifest.json", "file", json.dumps(top))]
+    return _tar(members)
+
+
+LOWER = [
+    ("etc", "dir", None), ("etc/gone", "file", "bye"), ("etc/dir", "dir", None), ("etc/dir/a", "file", "a"),
+    ("opq", "dir", None), ("opq/old", "file", "old"), ("opq/sub", "dir", None), ("opq/sub/x", "file", "x"),
+    ("bin", "dir", None), ("bin/tool", "file", "#!/bin/sh\n"), ("bin/alias", "symlink", "tool"),
+    ("bin/hard", "hardlink", "bin/tool"),
+    ("venv/foo-1.0.dist-info", "dir", None),
+    ("venv/foo-1.0.dist-info/METADATA", "file", "Metadata-Version: 2.1\nName: foo\nVersion: 1.0\n\nbody\n"),
+    ("venv/foo-1.0.dist-info/INSTALLER", "file", "pip\n"),
+    ("var/lib/dpkg/status", "file", "Package: bash\nStatus: install ok installed\nArchitecture: amd64\n"
+                                    "Version: 5.2.15-2+b7\n\nPackage: old\nStatus: deinstall ok config-files\n"
+                                    "Version: 1\n"),
+]
+UPPER = [
+    ("etc/.wh.gone", "file", ""), ("etc/.wh.dir", "file", ""),
+    ("opq", "dir", None), ("opq/.wh..wh..opq", "file", ""), ("opq/new", "file", "new"),
+    ("etc/new", "file", "n"),
+]
+
+
+def test_layers_apply_with_whiteouts_and_opaque_dirs():
+    m = manifest.build_manifest(manifest.read_save(io.BytesIO(fake_save([LOWER, UPPER]))), "t:1")
+    files = m["files"]
+    assert "etc/gone" not in files and "etc/dir" not in files and "etc/dir/a" not in files
+    assert "opq/old" not in files and "opq/sub/x" not in files and "opq/sub" not in files
+    assert files["opq/new"]["sha256"] == "11507a0e2f5e69d5dfa40a62a1bd7b6ee57e6bcd85c67c9b8431b36fff21c437"
+    assert not any(".wh." in p for p in files)
+    assert files["bin/alias"] == {"type": "symlink", "target": "tool", "mode": "0644", "uid": 0, "gid": 0,
+                                  "mtime": 1700000000}
+    # A hard link is the same content under a second name.
+    assert files["bin/hard"]["type"] == "file" and files["bin/hard"]["sha256"] == files["bin/tool"]["sha256"]
+    assert m["python_packages"] == [{"name": "foo", "version": "1.0", "installer": "pip",
+                                     "path": "venv/foo-1.0.dist-info"}]
+    assert m["os_packages"] == [{"name": "bash", "version": "5.2.15-2+b7", "architecture": "amd64"}]
+    assert [x["diff_id"][-1] for x in m["layers"]] == ["0", "1"]
+    assert m["config_digest"] == "sha256:abc123"
+
+
+def test_a_file_replacing_a_directory_hides_its_children():
+    upper = [("etc/dir", "file", "now a file")]
+    files = manifest.build_manifest(manifest.read_save(io.BytesIO(fake_save([LOWER, upper]))), "t")["files"]
+    assert files["etc/dir"]["type"] == "file" and "etc/dir/a" not in files
+
+
+def test_output_is_deterministic():
+    archive = fake_save([LOWER, UPPER])
+    one = manifest.dumps(manifest.build_manifest(manifest.read_save(io.BytesIO(archive)), "t:1"))
+    two = manifest.dumps(manifest.build_manifest(manifest.read_save(io.BytesIO(archive)), "t:1"))
+    assert one == two and json.loads(one)["files"]
+
+
+def test_not_a_save_archive_is_a_user_error():
+    from builder.errors import UserError
+
+    with pytest.raises(UserError, match="manifest.json"):
+        manifest.read_save(io.BytesIO(_tar([("x", "file", "y")])))
+
+
+# --- real images ---------------------------------------------------------------------------------------
+
+DOCKERFILE = """\
+FROM debian:bookworm-slim
+RUN mkdir -p /data/keep /data/opq && echo a > /data/gone && echo b > /data/keep/x && echo c > /data/opq/old \\
+    && ln -s keep/x /data/link && ln /data/keep/x /data/hard && chmod 0750 /data/keep && chown 12:34 /data/keep/x
+RUN rm /data/gone && rm -rf /data/opq && mkdir /data/opq && echo new > /data/opq/new
+"""
+
+
+def build_small(tmp_path, name: str, dockerfile: str, no_cache: bool = False) -> str:
+    """A small image from the local debian:bookworm-slim, built with BuildKit like the real ones."""
+    context = tmp_path / name
+    context.mkdir(exist_ok=True)
+    (context / "Dockerfile").write_text(dockerfile)
+    ref = f"builder-test/{name}:latest"
+    argv = [DOCKER, "build", "-q", "-t", ref] + (["--no-cache"] if no_cache else []) + [str(context)]
+    proc = subprocess.run(argv, env={"DOCKER_BUILDKIT": "1", "PATH": "/usr/bin:/bin"}, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return ref
+
+
+
+
