@@ -1,36 +1,77 @@
-"""Per-tag step reports: build/reports/<tag>.<step>.json, the artifacts one step hands the next."""
+"""Per-tag step reports: build/reports/<tag>.<step>.json, the artifacts one step hands the next.
+
+Each report has a JSON Schema in builder/schemas/<step>.schema.json. `write` refuses a report that breaks
+its schema (a bug in the writing step), `read` refuses one that breaks it (a hand-edited or foreign file):
+a step never trusts a report it cannot read as specified.
+"""
 
 from __future__ import annotations
 
 import json
-import os
+from functools import cache
+from importlib import resources
 from pathlib import Path
 
+import jsonschema
+
 from builder import fsutil
-from builder.errors import UserError
+from builder.errors import StepFailed, UserError
+from builder.model import paths
+
+STEPS = ("build", "smoke", "publish", "repro")
 
 
-def directory() -> Path:
-    return Path(os.environ.get("BUILDER_REPORTS", "build/reports"))
+@cache
+def schema(name: str) -> dict:
+    """builder/schemas/<name>.schema.json: the reports builder writes, and the facts file render writes."""
+    text = resources.files("builder").joinpath(f"schemas/{name}.schema.json").read_text(encoding="utf-8")
+    return json.loads(text)
 
 
-def path(tag: str, step: str) -> Path:
-    return directory() / f"{tag}.{step}.json"
+@cache
+def smoke_schema(name: str) -> dict:
+    """smoke/schemas/<name>.schema.json: what the in-image gate writes (kept with smoke/, the writer)."""
+    # Beside the package, not the working directory: smoke/ and builder/ ship together in one checkout.
+    folder = Path(__file__).resolve().parent.parent / "smoke" / "schemas"
+    return json.loads((folder / f"{name}.schema.json").read_text(encoding="utf-8"))
+
+
+def problems(name: str, data, smoke: bool = False) -> list[str]:
+    """Every way `data` breaks schema `name`, as 'field: reason' lines (empty when valid)."""
+    validator = jsonschema.Draft202012Validator(smoke_schema(name) if smoke else schema(name))
+    out = []
+    for error in sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path)):
+        where = "/".join(str(p) for p in error.absolute_path) or "(top)"
+        out.append(f"{where}: {error.message[:200]}")
+    return out
 
 
 def write(tag: str, step: str, data: dict) -> Path:
-    target = path(tag, step)
-    fsutil.write_json(target, {"tag": tag, "step": step, **data})
+    target = paths.report(tag, step)
+    report = {"tag": tag, "step": step, **data}
+    found = problems(step, report)
+    if found:
+        raise StepFailed(f"internal error: the {step} report for {tag} breaks its schema: {'; '.join(found[:5])}",
+                         "this is a bug in the builder: please report it")
+    fsutil.write_json(target, report)
     return target
 
 
-def read(tag: str, step: str, required: bool = True) -> dict | None:
-    target = path(tag, step)
+def read(tag: str, step: str, required: bool = True, directory: Path | None = None) -> dict | None:
+    target = (directory / f"{tag}.{step}.json") if directory is not None else paths.report(tag, step)
     if not target.exists():
         if required:
             raise UserError(f"{target} does not exist", f"run `python -m builder {step} {tag}` first")
         return None
     try:
-        return json.loads(target.read_text())
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{target} is not valid JSON ({exc.msg})", f"re-run `python -m builder {step} {tag}`") from None
+        data = json.loads(target.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{target} is not valid JSON ({exc})", f"re-run `python -m builder {step} {tag}`") from None
+    found = problems(step, data)
+    if found:
+        raise UserError(f"{target} is not a valid {step} report: {found[0]}",
+                        f"re-run `python -m builder {step} {tag}`")
+    if data.get("tag") != tag:
+        raise UserError(f"{target} is the report of tag {data.get('tag')!r}, not {tag!r}",
+                        f"re-run `python -m builder {step} {tag}`")
+    return data

@@ -1,5 +1,6 @@
-# Runs INSIDE a built image (python -c): reports what is really installed, as JSON on stdout.
+# Runs INSIDE a built image (`python /opt/train-image/smoke/installed.py`): what is really installed, as JSON.
 # Stdlib only, and torch is imported last so a broken torch still yields the package list.
+# Output contract: smoke/schemas/installed.schema.json.
 import importlib.metadata as md
 import json
 import subprocess

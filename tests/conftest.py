@@ -1,12 +1,11 @@
-"""Shared fixtures. Unit tests run in a temp project dir; tests marked `docker` use the real engine."""
+"""Fixtures of every kind of test: a temp project with a valid matrix, the CLI called in-process.
+
+The real-engine fixtures (a Docker engine, the CI image built once) are in tests/integration/conftest.py."""
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -64,92 +63,9 @@ def run_cli(*argv: str) -> int:
     return cli.main(list(argv))
 
 
-def docker_available() -> bool:
-    try:
-        from builder.boundary import engine
-
-        engine.sdk()
-        engine.client()
-        return True
-    except Exception:  # noqa: BLE001 - any failure means "no engine here"
-        return False
-
-
-@pytest.fixture(scope="session")
-def require_docker():
-    if not docker_available():
-        pytest.fail("these tests need a Docker engine: run them through `make test` (or .ci/run), which starts one")
-
-
 def hadolint() -> str:
     found = shutil.which("hadolint") or str(Path(__import__("sys").executable).parent / "hadolint")
     subprocess.run([found, "--version"], check=True, capture_output=True)
     return found
 
 
-# --- the real CI image, built once per session -----------------------------------------------------------
-
-CI_TAG = "cu130-torch2.13-bookworm"
-DOCKER = "/usr/bin/docker"
-
-
-def _canary_bundle(directory: Path) -> tuple[Path, str]:
-    """The host CA bundle plus a freshly generated certificate nobody else has: its bytes must never
-    appear in the image, its history or the logs, although pip reads the bundle during the build."""
-    key, cert = directory / "canary.key", directory / "canary.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
-                    "/CN=builder-test-canary", "-keyout", str(key), "-out", str(cert)], check=True,
-                   capture_output=True)
-    body = [line for line in cert.read_text().splitlines() if not line.startswith("-----")]
-    marker = body[3]  # 64 base64 characters unique to this certificate
-    host = Path(os.environ.get("PIP_CERT") or os.environ.get("SSL_CERT_FILE") or "/etc/ssl/certs/ca-certificates.crt")
-    bundle = directory / "bundle.pem"
-    bundle.write_text((host.read_text() if host.exists() else "") + "\n" + cert.read_text())
-    return bundle, marker
-
-
-@pytest.fixture(scope="session")
-def ci_build(require_docker, tmp_path_factory):
-    """Build the CI entry for real (no layer cache, so every RUN executes with the secret mounted).
-
-    BUILDER_TEST_FAST=1 (local iteration only; CI never sets it) builds incrementally instead; the tests
-    that need every RUN step executed then skip and say why."""
-    tmp = tmp_path_factory.mktemp("ci-build")
-    fast = os.environ.get("BUILDER_TEST_FAST") == "1"
-    bundle, marker = _canary_bundle(tmp)
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.pop("PIP_INDEX_URL", None)
-    flags = [] if fast else ["--no-cache", "--force"]
-    proc = subprocess.run([sys.executable, "-m", "builder", "build", CI_TAG, "--local-base", *flags,
-                           "--ca-bundle", str(bundle)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=3000)
-    log = proc.stdout + proc.stderr
-    (tmp / "build.log").write_text(log)
-    assert proc.returncode == 0, log[-4000:]
-    from builder import reports
-
-    report = json.loads((ROOT / reports.path(CI_TAG, "build")).read_text())
-    return {"report": report, "log": log, "marker": marker, "bundle": bundle, "tmp": tmp, "fast": fast}
-
-
-def need_full_build(ci_build) -> None:
-    if ci_build["fast"]:
-        pytest.skip("needs the full no-cache build: unset BUILDER_TEST_FAST")
-
-
-def derived_image(name: str, base: str, run_lines: list[str], tmp: Path) -> str:
-    """A small image FROM `base` with extra RUN lines (pip behind the proxy gets the CA as a secret)."""
-    context = tmp / name
-    context.mkdir()
-    body = "".join(f"RUN --mount=type=secret,id=pip_cert,required=false "
-                   f"PIP_CERT=/run/secrets/pip_cert PIP_PROGRESS_BAR=off {line}\n" for line in run_lines)
-    (context / "Dockerfile").write_text(f"FROM {base}\n{body}")
-    ref = f"builder-test/{name}:latest"
-    argv = [DOCKER, "build", "--network=host", "-q", "-t", ref]
-    ca = os.environ.get("PIP_CERT") or os.environ.get("SSL_CERT_FILE")
-    if ca:
-        argv += ["--secret", f"id=pip_cert,src={ca}"]
-    proc = subprocess.run(argv + [str(context)], capture_output=True, text=True, env=dict(os.environ, DOCKER_BUILDKIT="1"),
-                          timeout=1200)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return ref

@@ -1,16 +1,23 @@
-"""The GitHub Actions matrix: one include row per tag, with the runner labels its jobs need."""
+"""What each entry needs from CI: the GitHub Actions matrix and the gate level an entry must reach.
+
+The workflow maps `gpu` to runner labels from its own allowlist: matrix.yaml (which a pull request can
+change) never chooses the machine a job runs on.
+"""
 
 from __future__ import annotations
 
 from builder.model.matrix import Entry
 
 
+def needs_gpu_gate(entry: Entry) -> bool:
+    """An entry built on GPU runners must pass the gate on a GPU before it is published."""
+    return "gpu" in entry.runner
+
+
 def github_matrix(entries: list[Entry]) -> dict:
     return {"include": [{
         "tag": e.tag,
-        "runner": list(e.runner),
-        # ci entries build and gate on a hosted runner (CPU gate); the rest need a GPU runner.
-        "gpu": not e.ci,
+        "gpu": needs_gpu_gate(e),
         "torch": e.torch,
         "cuda": e.cuda,
         "python": e.python,

@@ -1,1 +1,71 @@
-"""The pipeline steps, one module each; see builder/steps/registry.py."""
+"""The pipeline steps, one module each, all of one shape (cibuildwheel's `platforms/` habit).
+
+A *per-tag step* (resolve, lock, build, smoke, publish, repro) is a module with:
+    NAME, HELP            the verb and its one-line help
+    DEFAULT_ALL           True: no tags means every entry; False: tags (or --all) are required
+    Options               a frozen dataclass; the CLI builds it from its arguments (argparse stops there)
+    add_arguments(p)      the verb's flags
+    prepare(entries, o)   checks before any tag runs (flags sane, engine up); raises a BuilderError; may
+                          return options completed with what it read (dataclasses.replace), else None
+    run(entry, o) -> Done one entry; raises a BuilderError when the step fails for that entry
+`builder.runner` runs a step over entries with one failure policy and one summary table.
+
+A *tool* (render, catalog, verify, manifest, diff) works on the matrix or on images as a whole:
+    NAME, HELP, Options, add_arguments(p), NEEDS_MATRIX, main(options, matrix) -> int
+
+No step imports another step's internals or the CLI; shared pieces live in builder/model and
+builder/boundary. `STEPS` and `TOOLS` name the modules; the CLI imports them lazily.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+STEPS = {
+    "resolve": "builder.steps.resolve",
+    "lock": "builder.steps.lock",
+    "build": "builder.steps.build",
+    "smoke": "builder.steps.smoke",
+    "publish": "builder.steps.publish",
+    "repro": "builder.steps.repro",
+}
+TOOLS = {
+    "render": "builder.steps.render",
+    "catalog": "builder.steps.catalog",
+    "verify": "builder.steps.verify",
+    "manifest": "builder.steps.manifest",
+    "diff": "builder.steps.diff",
+}
+
+
+@dataclass(frozen=True)
+class Done:
+    """What one entry's run of a step came to: a short result word and a detail for the summary."""
+
+    result: str
+    detail: str = ""
+
+
+class Step(Protocol):
+    NAME: str
+    HELP: str
+    DEFAULT_ALL: bool
+    Options: type
+
+    def add_arguments(self, parser) -> None: ...
+
+    def prepare(self, entries: list, options): ...
+
+    def run(self, entry, options) -> Done: ...
+
+
+class Tool(Protocol):
+    NAME: str
+    HELP: str
+    NEEDS_MATRIX: bool
+    Options: type
+
+    def add_arguments(self, parser) -> None: ...
+
+    def main(self, options, matrix) -> int: ...

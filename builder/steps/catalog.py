@@ -8,15 +8,28 @@ A smoke verdict counts only for the image ID it was run on: a report for another
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from builder import fsutil, log, reports
 from builder.errors import UserError
-from builder.model import compat
+from builder.model import compat, paths
 from builder.model.matrix import PACKAGES, Entry
 
 MARKDOWN, JSON = "IMAGES.md", "images.json"
 SCHEMA = 1
+
+
+NAME = "catalog"
+HELP = "write IMAGES.md and images.json from the reports"
+NEEDS_MATRIX = True
+
+
+@dataclass(frozen=True)
+class Options:
+    check: bool = False
+    reports: str | None = None
+    out: str = "."
 
 
 def add_arguments(p) -> None:
@@ -26,13 +39,7 @@ def add_arguments(p) -> None:
 
 
 def _read(directory: Path, tag: str, step: str) -> dict | None:
-    path = directory / f"{tag}.{step}.json"
-    if not path.exists():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path} is not valid JSON ({exc.msg})", f"re-run `python -m builder {step} {tag}`") from None
+    return reports.read(tag, step, required=False, directory=directory)
 
 
 def _figures(smoke: dict) -> dict:
@@ -59,8 +66,7 @@ def _smoke(smoke: dict | None, image_id: str | None) -> dict:
 def _repro(repro: dict | None) -> dict | None:
     if repro is None:
         return None
-    verdict = repro.get("result") or repro.get("verdict") or ("reproducible" if repro.get("identical") else "differs")
-    return {"verdict": verdict, "date": (repro.get("finished_at") or repro.get("date") or "")[:10] or None,
+    return {"verdict": repro["result"], "date": (repro.get("finished_at") or "")[:10] or None,
             "differences": repro.get("differences")}
 
 
@@ -151,11 +157,8 @@ def generate(entries: list[Entry], directory: Path) -> dict[str, str]:
     return {MARKDOWN: render_markdown(records, "the step reports"), JSON: render_json(records)}
 
 
-def main(args) -> int:
-    from builder import cli
-
-    m = cli._load(args)
-    directory = Path(args.reports) if args.reports else reports.directory()
+def main(args: Options, m) -> int:
+    directory = Path(args.reports) if args.reports else paths.reports_dir()
     files = generate(list(m.entries), directory)
     out = Path(args.out)
     if args.check:

@@ -8,16 +8,30 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from dataclasses import dataclass
 
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from builder import log
-from builder.errors import BuilderError, UserError
+from builder.errors import UserError
+from builder.model import paths
 from builder.steps import manifest
 
 KINDS = ("upgraded", "downgraded", "added", "removed")
 _FAIL_WORDS = {"upgrade": "upgraded", "downgrade": "downgraded", "add": "added", "remove": "removed"}
+
+
+NAME = "diff"
+HELP = "what changed between two images (tags or image refs)"
+NEEDS_MATRIX = "optional"  # tags name local images when a matrix is there; image references work without one
+
+
+@dataclass(frozen=True)
+class Options:
+    a: str
+    b: str
+    fail_on: str = ""
 
 
 def add_arguments(p) -> None:
@@ -148,17 +162,10 @@ def diff(a: dict, b: dict) -> dict:
 # --- CLI -----------------------------------------------------------------------------------------------
 
 
-def resolve(name: str, args) -> str:
+def resolve(name: str, m) -> str:
     """A matrix tag names its local image; anything else is an image reference."""
-    from builder import cli
-    from builder.steps import build
-
-    try:
-        m = cli._load(args)
-    except BuilderError:
-        return name
-    entry = next((e for e in m.entries if e.tag == name), None)
-    return build.local_ref(entry) if entry else name
+    entry = next((e for e in m.entries if e.tag == name), None) if m is not None else None
+    return paths.image_ref(entry) if entry else name
 
 
 def parse_fail_on(text: str) -> set[str]:
@@ -175,9 +182,9 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:+.1f} MB" if n else "0"
 
 
-def main(args) -> int:
-    fail_on = parse_fail_on(args.fail_on)
-    refs = [resolve(args.a, args), resolve(args.b, args)]
+def main(options: Options, m) -> int:
+    fail_on = parse_fail_on(options.fail_on)
+    refs = [resolve(options.a, m), resolve(options.b, m)]
     manifests = []
     for ref in refs:
         with log.step(f"manifest {ref}") as note:

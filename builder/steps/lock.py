@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder import fsutil, log
-from builder.errors import UserError
-from builder.model import compat
+from builder.errors import EnvironmentProblem, StepFailed, UserError
+from builder.model import compat, paths
 from builder.model.matrix import Entry
+from builder.steps import Done
 from builder.steps.resolve import PLATFORM, canonical, compile_requirements, requirement_lines
 
 LOCK = "requirements.lock"
@@ -204,3 +205,52 @@ def require_complete(entry: Entry, out_dir: Path) -> None:
                         f"`python -m builder lock {entry.tag}` on a machine that reaches github.com")
     if problems:
         raise UserError("\n".join(problems))
+
+
+# --- the step --------------------------------------------------------------------------------------------
+
+NAME = "lock"
+HELP = "hash-locked requirements (and apt pins) into dockerfiles/<tag>/"
+DEFAULT_ALL = True
+
+
+@dataclass(frozen=True)
+class Options:
+    check: bool = False
+    strict: bool = False
+    no_apt: bool = False
+    local_base: bool = False
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--check", action="store_true", help="offline: do committed locks satisfy the entries?")
+    p.add_argument("--strict", action="store_true", help="with --check: also require a complete apt lock")
+    p.add_argument("--no-apt", action="store_true", help="skip the apt lock (needs the base image)")
+    p.add_argument("--local-base", action="store_true", help="prefer a local image named like the base")
+
+
+def prepare(entries, options: Options) -> None:
+    if options.strict and not options.check:
+        raise UserError("--strict goes with --check")
+
+
+def run(entry: Entry, options: Options) -> Done:
+    out_dir = paths.tag_dir(entry)
+    if options.check:
+        problems = check(entry, out_dir) + (apt_problems(entry, out_dir) if options.strict else [])
+        if problems:
+            raise StepFailed("\n".join(problems))
+        return Done("up to date")
+    summary = lock(entry, out_dir)
+    apt = "skipped"
+    if not options.no_apt:
+        from builder.boundary import baseimage
+
+        try:
+            apt = str(lock_apt(entry, out_dir, baseimage.reference(entry, local=options.local_base)))
+        except EnvironmentProblem as exc:
+            write_unpinned_apt(entry, out_dir, exc.message)
+            apt = "UNPINNED"
+            log.info(f"warning: {entry.tag}: apt packages left unpinned: {exc.message}")
+    return Done("locked", f"{summary['packages']} Python packages ({summary['torch_layer']} in the torch layer), "
+                          f"apt: {apt}, flash-attn: {summary['flash_attn'] or '—'}")

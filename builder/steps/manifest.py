@@ -21,16 +21,18 @@ import posixpath
 import subprocess
 import tarfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from builder import fsutil, log
 from builder.boundary import engine, tarstream
 from builder.errors import EnvironmentProblem, UserError
+from builder.model import paths
 
 FORMAT = 1
 CHUNK = 1 << 20
 BLOCK = 512
-CACHE_DIR = Path("build/manifests")
+CACHE_DIR = paths.MANIFEST_CACHE
 # Small files whose content the manifest reads (besides hashing): package metadata.
 _KEEP_SUFFIXES = (".dist-info/METADATA", ".dist-info/INSTALLER", ".egg-info/PKG-INFO")
 _KEEP_PATHS = ("var/lib/dpkg/status",)
@@ -39,6 +41,17 @@ _TYPES = {tarfile.REGTYPE: "file", tarfile.AREGTYPE: "file", tarfile.DIRTYPE: "d
           tarfile.CONTTYPE: "file"}
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
+
+
+NAME = "manifest"
+HELP = "content manifest of an image (files, Python and OS packages)"
+NEEDS_MATRIX = False
+
+
+@dataclass(frozen=True)
+class Options:
+    image: str
+    output: str | None = None
 
 
 def add_arguments(p) -> None:
@@ -291,16 +304,17 @@ def dumps(result: dict) -> str:
     return json.dumps({k: v for k, v in result.items() if k != "stats"}, indent=1, sort_keys=True) + "\n"
 
 
-def main(args) -> int:
-    engine.sdk()
-    with log.step(f"manifest {args.image}") as note:
-        result = manifest(args.image)
+def main(options: Options, m=None) -> int:
+    if not Path(options.image).is_file():
+        engine.sdk()  # a `docker save` tar file needs no engine
+    with log.step(f"manifest {options.image}") as note:
+        result = manifest(options.image)
         t, s = result["totals"], result["stats"]
         note["result"] = (f"{t['files']} files, {t['bytes'] / 1e9:.2f} GB, {len(result['python_packages'])} Python "
                           f"and {len(result['os_packages'])} OS packages, {len(result['layers'])} layers "
                           f"in {s['seconds']}s{' (cached)' if s['cached'] else ''}")
-    if args.output:
-        fsutil.write_atomic(Path(args.output), dumps(result))
+    if options.output:
+        fsutil.write_atomic(Path(options.output), dumps(result))
     else:
         print(dumps(result), end="")
     return 0

@@ -28,12 +28,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 from builder import log, reports
 from builder.boundary import engine, registry
-from builder.errors import BuilderError, EnvironmentProblem, StepFailed, UserError
+from builder.errors import StepFailed, UserError
+from builder.model import paths, plan
+from builder.steps import Done
 
 MAX_TAG = 128
 SHORT = {"torch": "torch", "transformers": "tf", "deepspeed": "ds", "peft": "peft", "accelerate": "acc",
@@ -46,6 +49,25 @@ TRANSIENT = re.compile(r"connection refused|connection reset|i/o timeout|timeout
 AUTH = re.compile(r"unauthorized|authentication required|no basic auth credentials|denied", re.IGNORECASE)
 
 
+NAME = "publish"
+HELP = "push images that passed the gate; move the alias last"
+DEFAULT_ALL = False
+
+
+@dataclass(frozen=True)
+class Options:
+    registry: str = ""
+    dry_run: bool = False
+    username: str | None = None
+    password_stdin: bool = False
+    date: str | None = None
+    revision: str | None = None
+    retries: int = 3
+    allow_cpu_gate: bool = False
+    allow_substituted_base: bool = False
+    password: str | None = field(default=None, repr=False)  # read from stdin by prepare(), never an argument
+
+
 def add_arguments(p) -> None:
     p.add_argument("--registry", required=True, metavar="HOST[:PORT][/NAMESPACE]",
                    help="where to push; the repository is NAMESPACE/<last part of the matrix image name>")
@@ -55,23 +77,47 @@ def add_arguments(p) -> None:
     p.add_argument("--date", help="YYYYMMDD in the full tag (default: today, UTC)")
     p.add_argument("--revision", help="source revision in the full tag (default: the image's revision label)")
     p.add_argument("--retries", type=int, default=3, help="tries per registry operation (default 3)")
+    p.add_argument("--allow-cpu-gate", action="store_true",
+                   help="publish an entry of GPU runners whose gate ran on CPU only (recorded where users look)")
+    p.add_argument("--allow-substituted-base", action="store_true",
+                   help="publish an image built on a substituted base (recorded where users look)")
+
+
+def prepare(entries, options: Options) -> Options:
+    """Flags first, before any Docker or registry I/O; then the password, read once from stdin."""
+    registry.repository(options.registry, "x")  # syntax
+    if options.date is not None and not re.fullmatch(r"20[0-9]{6}", options.date):
+        raise UserError(f"--date {options.date!r} is not YYYYMMDD", "e.g. --date 20261202")
+    if not 1 <= options.retries <= 10:
+        raise UserError(f"--retries {options.retries}: give 1 to 10")
+    if options.username and not options.password_stdin:
+        raise UserError("--username needs --password-stdin", "or log in once with `docker login`")
+    if options.password_stdin and not options.username:
+        raise UserError("--password-stdin needs --username")
+    password = None
+    if options.password_stdin and not options.dry_run:
+        password = sys.stdin.read().rstrip("\r\n")
+        if not password:
+            raise UserError("--password-stdin: nothing on stdin",
+                            "pipe the password or token in: printf %s \"$TOKEN\" | …")
+    engine.sdk()
+    engine.client()
+    return replace(options, password=password)
 
 
 # --- what may be published, and under which names -----------------------------------------------------
 
 
-def gate(entry) -> tuple[object, dict]:
-    """The local image and its smoke report, or a refusal saying what to run."""
-    from builder.steps.build import local_ref
-
-    ref = local_ref(entry)
+def gate(entry, options: Options) -> tuple[object, dict, list[str]]:
+    """The local image, its smoke report and the exceptions taken, or a refusal saying what to run."""
+    ref = paths.image_ref(entry)
     image = engine.image_or_none(ref)
     if image is None:
         raise UserError(f"{entry.tag}: there is no local image {ref}", f"build it: python -m builder build {entry.tag}")
     smoke = reports.read(entry.tag, "smoke", required=False)
     rerun = f"python -m builder smoke {entry.tag}"
     if smoke is None:
-        raise StepFailed(f"{entry.tag}: refusing to publish: no smoke report ({reports.path(entry.tag, 'smoke')})",
+        raise StepFailed(f"{entry.tag}: refusing to publish: no smoke report ({paths.report(entry.tag, 'smoke')})",
                          f"run the gate first: {rerun}")
     if smoke.get("passed") is not True:
         raise StepFailed(f"{entry.tag}: refusing to publish: the smoke gate did not pass "
@@ -80,7 +126,27 @@ def gate(entry) -> tuple[object, dict]:
         raise StepFailed(f"{entry.tag}: refusing to publish: the passing smoke report is for image "
                          f"{str(smoke.get('image_id'))[:19]}, but {ref} is now {image.id[:19]} (rebuilt or retagged)",
                          f"gate this exact image: {rerun}")
-    return image, smoke
+    exceptions = []
+    level = smoke.get("level") or {"kind": smoke.get("mode")}
+    if plan.needs_gpu_gate(entry) and level.get("kind") != "gpu":
+        if not options.allow_cpu_gate:
+            raise StepFailed(f"{entry.tag}: refusing to publish: {entry.tag} runs on GPU runners, but its gate ran on "
+                             "CPU only (GPU checks, NCCL and the GPU training step were not run)",
+                             f"gate it on a GPU host: {rerun} --gpus all; or, knowingly, --allow-cpu-gate "
+                             "(recorded in the publish report and the catalog)")
+        exceptions.append("cpu-gate")
+    substituted = (image.labels or {}).get("io.train-images.base.substituted")
+    if substituted not in ("true", "false"):
+        raise StepFailed(f"{entry.tag}: refusing to publish: {ref} carries no io.train-images.base.substituted label, "
+                         "so this builder did not build it", f"build it: python -m builder build {entry.tag}")
+    if substituted == "true":
+        if not options.allow_substituted_base:
+            raise StepFailed(f"{entry.tag}: refusing to publish: {ref} was built on a substituted base "
+                             f"({(image.labels or {}).get('io.train-images.base.used')}), not the pinned "
+                             f"{entry.base}", "build on the pinned base, or, knowingly, --allow-substituted-base "
+                             "(recorded in the publish report and the catalog)")
+        exceptions.append("substituted-base")
+    return image, smoke, exceptions
 
 
 def versions(entry, labels: dict) -> dict:
@@ -158,31 +224,25 @@ def push(config: Path | None, ref: str, host: str) -> str:
 
 
 @contextlib.contextmanager
-def docker_config(args, host: str):
-    """A temporary Docker config holding a login made from stdin, or None (use the user's own config)."""
-    if not args.password_stdin:
-        if args.username:
-            raise UserError("--username needs --password-stdin", "or log in once with `docker login`")
+def docker_config(options: Options, host: str):
+    """A temporary Docker config holding a login made from the password, or None (use the user's own)."""
+    if not options.password:
         yield None
         return
-    if not args.username:
-        raise UserError("--password-stdin needs --username")
-    secret = sys.stdin.read().rstrip("\r\n")
-    if not secret:
-        raise UserError("--password-stdin: nothing on stdin", "pipe the password or token in: printf %s \"$TOKEN\" | …")
     tmp = Path(tempfile.mkdtemp(prefix="builder-docker-config-"))
     tmp.chmod(0o700)
     try:
-        argv = docker(tmp, "login", "--username", args.username, "--password-stdin", host)
+        argv = docker(tmp, "login", "--username", options.username, "--password-stdin", host)
         log.echo_command(argv)
         try:
-            proc = subprocess.run(argv, input=secret, capture_output=True, text=True, timeout=120,
+            proc = subprocess.run(argv, input=options.password, capture_output=True, text=True, timeout=120,
                                   env=engine.client().env())
         except subprocess.TimeoutExpired:
             raise StepFailed(f"docker login {host} timed out") from None
         if proc.returncode != 0:
-            reason = (proc.stderr.strip().splitlines() or ["?"])[-1].replace(secret, "****")[:200]
-            raise StepFailed(f"login to {host} as {args.username} failed: {reason}", "check the user name and token")
+            reason = (proc.stderr.strip().splitlines() or ["?"])[-1].replace(options.password, "****")[:200]
+            raise StepFailed(f"login to {host} as {options.username} failed: {reason}",
+                             "check the user name and token")
         yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -204,19 +264,18 @@ def _local_digests(image, repo) -> set[str]:
     return {d.split("@", 1)[1] for d in image.attrs.get("RepoDigests", []) if d.split("@", 1)[0] == repo.ref}
 
 
-def publish_one(entry, args, config: Path | None) -> dict:
-    image, smoke = gate(entry)
+def publish_one(entry, args: Options, config: Path | None) -> dict:
+    image, smoke, exceptions = gate(entry, args)
     labels = image.labels or {}
     repo = registry.repository(args.registry, entry.image)
     date = args.date or datetime.now(timezone.utc).strftime("%Y%m%d")
-    if not re.fullmatch(r"20[0-9]{6}", date):
-        raise UserError(f"--date {date!r} is not YYYYMMDD", "e.g. --date 20261202")
     full = full_tag(entry.tag, versions(entry, labels), date, revision_of(labels, args.revision))
-    plan = {"registry": args.registry, "repository": repo.ref, "full_tag": full, "alias": entry.tag,
-            "image_id": image.id, "smoke_finished_at": smoke.get("finished_at"), "smoke_mode": smoke.get("mode")}
+    planned = {"registry": args.registry, "repository": repo.ref, "full_tag": full, "alias": entry.tag,
+            "image_id": image.id, "smoke_finished_at": smoke.get("finished_at"), "smoke_mode": smoke.get("mode"),
+            "gate": smoke.get("level") or {"kind": smoke.get("mode")}, "exceptions": exceptions}
     if args.dry_run:
         log.info(f"  would push {repo.ref}:{full}, then move {repo.ref}:{entry.tag}")
-        return {**plan, "result": "dry-run"}
+        return {**planned, "result": "dry-run"}
     started = time.monotonic()
     existing = _read_back(repo, full, config, args.retries)
     if existing and existing not in _local_digests(image, repo):
@@ -238,44 +297,17 @@ def publish_one(entry, args, config: Path | None) -> dict:
     if not alias_pushed == alias_served == served:
         raise StepFailed(f"{repo.ref}:{entry.tag} points at {alias_served}, expected {served}",
                          "publish again; the full tag is correct")
-    report = {**plan, "result": "published", "digest": served, "size_bytes": image.attrs.get("Size"),
+    report = {**planned, "result": "published", "digest": served, "size_bytes": image.attrs.get("Size"),
               "pull": f"{repo.ref}@{served}", "push_seconds": round(time.monotonic() - started, 1),
               "published_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
     reports.write(entry.tag, "publish", report)
     return report
 
 
-def main(args) -> int:
-    from builder import cli
-    from builder.model import matrix
-
-    m = cli._load(args)
-    if not args.tags:
-        raise UserError("which image? name tags (or globs)", f"e.g. python -m builder publish {m.default.tag} "
-                        "--registry ghcr.io/acme")
-    entries = matrix.select(m, args.tags)
-    repo_host = registry.repository(args.registry, m.image).host
-    engine.sdk()
-    engine.client()
-    rows, failed = [], 0
-    with docker_config(args, repo_host) if not args.dry_run else contextlib.nullcontext() as config:
-        for entry in entries:
-            try:
-                with log.step(f"publish {entry.tag}{' (dry run)' if args.dry_run else ''}") as note:
-                    report = publish_one(entry, args, config)
-                    note["result"] = report.get("digest") or report["full_tag"]
-                rows.append([entry.tag, f"{log.mark(True)} {report['result']}", report["full_tag"],
-                             report.get("digest", "—"), f"{report.get('push_seconds', 0):.0f}s"])
-            except EnvironmentProblem:
-                raise
-            except BuilderError as exc:
-                if len(entries) == 1:
-                    raise  # one tag: its own message and exit code say it all
-                failed += 1
-                log.info(f"error: {exc}")
-                rows.append([entry.tag, f"{log.mark(False)} {exc.message.splitlines()[0][:90]}", "—", "—", "—"])
-    log.summary("Publish", ("tag", "result", "full tag", "digest", "time"), rows)
-    if failed:
-        raise StepFailed(f"{failed} of {len(entries)} image(s) not published; their aliases were not moved",
-                         "see the errors above")
-    return 0
+def run(entry, options: Options) -> Done:
+    host = registry.repository(options.registry, entry.image).host
+    with docker_config(options, host) if not options.dry_run else contextlib.nullcontext() as config:
+        report = publish_one(entry, options, config)
+    if report["result"] == "dry-run":
+        return Done("dry-run", f"would push {report['repository']}:{report['full_tag']}")
+    return Done("published", f"{report['repository']}@{report['digest']}")

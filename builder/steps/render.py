@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
 
-from builder import fsutil
-from builder.model import compat
-from builder.model.matrix import Entry, Matrix
+from builder import fsutil, log
+from builder.errors import UserError
+from builder.model import compat, paths
+from builder.model.matrix import Entry, Matrix, select
 
-OUT_DIR = Path("dockerfiles")
+OUT_DIR = paths.DOCKERFILES
 FACTS_SCHEMA = 1
 
 
@@ -111,3 +113,45 @@ def check(matrix: Matrix, entries: list[Entry], out_dir: Path = OUT_DIR) -> list
     for path in extra_dirs(matrix, out_dir):
         problems.append(f"{path}: no matrix entry has this tag — remove it or run `python -m builder render`")
     return problems
+
+
+# --- the tool --------------------------------------------------------------------------------------------
+
+NAME = "render"
+HELP = "render dockerfiles/<tag>/ (and the README table)"
+NEEDS_MATRIX = True
+
+
+@dataclass(frozen=True)
+class Options:
+    tags: tuple = ()
+    check: bool = False
+
+
+def add_arguments(p) -> None:
+    p.add_argument("tags", nargs="*", metavar="TAG", help="tags or globs; default: every entry and the README table")
+    p.add_argument("--check", action="store_true", help="fail if committed files are stale or extra directories exist")
+
+
+def main(options: Options, m: Matrix) -> int:
+    from builder.steps import readme
+
+    entries = select(m, list(options.tags) or None)
+    if options.check:
+        problems = check(m, entries)
+        if not options.tags:
+            problems += readme.check(m)
+        if problems:
+            raise UserError("\n".join(problems), "re-render and commit the result")
+        log.info(f"{len(entries)} rendered entries up to date")
+        return 0
+    written = write(render_all(entries))
+    removed = remove_extra(m) if not options.tags else []
+    if not options.tags:
+        written += readme.write(m)
+    for path in written:
+        log.info(f"wrote {path}")
+    for path in removed:
+        log.info(f"removed {path} (no matrix entry)")
+    log.info(f"{len(entries)} entries rendered, {len(written)} files changed")
+    return 0

@@ -8,20 +8,21 @@ File mtimes are not content: they are counted apart (see docs/reproducibility.md
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import json
 import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from importlib import resources
 
 import yaml
 
 from builder import log, reports
-from builder.boundary import engine
+from builder.boundary import buildkit, engine
 from builder.errors import StepFailed, UserError
-from builder.steps import build, manifest
+from builder.model import paths
+from builder.steps import Done, manifest
 
-REPRO_SUFFIX = "-repro"
 REPORT_CAP = 500
 # Known classes of build nondeterminism, first match wins. They name a difference; they do not excuse it
 # (only the allowlist does).
@@ -40,12 +41,31 @@ KNOWN_CLASSES = (
 FIELDS = ("type", "mode", "uid", "gid", "size", "sha256", "target")
 
 
+NAME = "repro"
+HELP = "rebuild from scratch beside the image and compare the two by content"
+DEFAULT_ALL = False
+
+
+@dataclass(frozen=True)
+class Options:
+    local_base: bool = False
+    base_image: str | None = None
+    apt_mirror: str | None = None
+    ca_bundle: str | None = None
+    keep: bool = False
+
+
 def add_arguments(p) -> None:
     p.add_argument("--local-base", action="store_true", help="as for build: prefer a local copy of the base")
     p.add_argument("--base-image", metavar="REF", help="as for build: use this base reference (a mirror)")
     p.add_argument("--apt-mirror", metavar="URL", help="as for build")
     p.add_argument("--ca-bundle", metavar="PATH", help="as for build")
-    p.add_argument("--keep", action="store_true", help=f"keep the rebuilt image (<image>:<tag>{REPRO_SUFFIX})")
+    p.add_argument("--keep", action="store_true", help=f"keep the rebuilt image (<image>:<tag>{paths.REPRO_SUFFIX})")
+
+
+def prepare(entries, options: Options) -> None:
+    engine.sdk()
+    engine.client()
 
 
 # --- comparison ----------------------------------------------------------------------------------------
@@ -164,79 +184,58 @@ def summarize(result: dict) -> None:
 # --- rebuilding ----------------------------------------------------------------------------------------
 
 
-def repro_ref(entry) -> str:
-    return build.local_ref(entry) + REPRO_SUFFIX
-
-
-def rebuild(entry, args) -> dict:
+def rebuild(entry, options: Options) -> dict:
     """Build the entry again, no layer cache, tagged <image>:<tag>-repro; the original stays as it is."""
-    existing = engine.image_or_none(build.local_ref(entry))
+    original = paths.image_ref(entry)
+    existing = engine.image_or_none(original)
     if existing is None:
-        raise UserError(f"{build.local_ref(entry)} is not here: nothing to compare with",
+        raise UserError(f"{original} is not here: nothing to compare with",
                         f"build it first: `python -m builder build {entry.tag}`")
-    context = build.stage_context(entry, root=build.CONTEXT_ROOT / "repro")
-    digest = build.input_hash(context)
-    if existing.labels.get(f"{build.LABEL_PREFIX}.input-hash") != digest:
-        raise UserError(f"{build.local_ref(entry)} was built from other inputs than dockerfiles/{entry.tag}/ now",
-                        f"rebuild it first: `python -m builder build {entry.tag}`")
+    context = buildkit.stage_context(entry, root=paths.CONTEXT_ROOT / "repro")
+    spec = buildkit.spec(entry, context=context, ref=paths.repro_ref(entry), base_image=options.base_image,
+                         local_base=options.local_base, apt_mirror=options.apt_mirror, no_cache=True)
+    digest = buildkit.input_hash(spec)
+    if existing.labels.get(f"{buildkit.LABEL_PREFIX}.input-hash") != digest:
+        raise UserError(f"{original} was built from other inputs than these (dockerfiles/{entry.tag}/, smoke/, flags)",
+                        f"rebuild it first with the same flags: `python -m builder build {entry.tag}`")
     facts = json.loads((context / "image.json").read_text())
-    build_args = argparse.Namespace(**{**vars(args), "no_cache": True, "apt_mirror": args.apt_mirror})
-    base = build.base_choice(entry, build_args)
     started = time.monotonic()
-    with build.secret_files(args.ca_bundle) as (secrets, secret_values):
-        # Tagged beside the original, never over it.
-        argv = build.build_argv(entry, context, facts, digest, base, secrets, build_args, ref=repro_ref(entry))
-        proc = engine.run_cli(argv, mask=secret_values)
-    if proc.returncode != 0:
-        message, hint = build.explain_failure(proc.stdout)
+    code, output, _ = buildkit.run(spec, buildkit.labels(spec, facts, digest), options.ca_bundle)
+    if code != 0:
+        message, hint, _ = buildkit.explain_failure(output)
         raise StepFailed(f"{entry.tag}: the repro build failed: {message}", hint)
-    rebuilt = engine.sdk().images.get(repro_ref(entry))
-    if rebuilt.id == engine.sdk().images.get(build.local_ref(entry)).id:
+    rebuilt = engine.sdk().images.get(spec.ref)
+    if rebuilt.id == existing.id:
         # Not a second build: BuildKit merges identical steps of builds running at the same time, even
         # with --no-cache (seen here when `build --no-cache` of the same tag ran alongside).
         raise StepFailed(f"{entry.tag}: the rebuild is the very same image ({rebuilt.id[:19]}), so nothing was "
                          "compared", "run repro while no other build of this entry runs")
-    return {"image": repro_ref(entry), "id": rebuilt.id, "build_s": round(time.monotonic() - started, 1), "base": base,
+    return {"image": spec.ref, "id": rebuilt.id, "build_s": round(time.monotonic() - started, 1),
+            "base": {"ref": spec.base_ref, "substituted": spec.base_substituted},
             "input_hash": digest, "original_id": existing.id}
 
 
-def repro_one(entry, args) -> dict:
+def run(entry, options: Options) -> Done:
     started = time.monotonic()
-    built = rebuild(entry, args)
+    built = rebuild(entry, options)
     try:
-        result = compare_images(build.local_ref(entry), built["image"])
+        result = compare_images(paths.image_ref(entry), built["image"])
     finally:
-        if not args.keep:
+        if not options.keep:
             engine.sdk().images.remove(built["image"], force=True)
             manifest.cache_path(built["id"]).unlink(missing_ok=True)
     # Lists are capped so a badly broken build still gives a readable report; the counts are complete.
     report = {"result": "reproducible" if result["ok"] else "differs", **result,
               "allowlisted_count": len(result["allowlisted"]), "allowlisted": result["allowlisted"][:REPORT_CAP],
               "unexplained_count": len(result["unexplained"]), "unexplained": result["unexplained"][:REPORT_CAP],
-              "rebuild": built, "duration_s": round(time.monotonic() - started, 1)}
-    reports.write(entry.tag, "repro", report)
+              "rebuild": built, "duration_s": round(time.monotonic() - started, 1),
+              "finished_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    reports.write(entry.tag, NAME, report)
     summarize(result)
-    return report
+    if not result["ok"]:
+        raise StepFailed(f"{entry.tag}: the rebuild differs: {report['unexplained_count']} unexplained differences",
+                         f"see {paths.report(entry.tag, NAME)}")
+    return Done("reproducible", f"{result['files_compared']} files, {result['bytes_compared'] / 1e9:.2f} GB equal; "
+                                f"layers {'identical' if result['layers']['identical'] else 'differ'}")
 
 
-def main(args) -> int:
-    from builder import cli
-    from builder.model import matrix
-
-    m = cli._load(args)
-    if not args.tags:
-        raise UserError("which entry? name a tag", f"e.g. {m.default.tag}")
-    engine.sdk()
-    engine.client()
-    rows, failed = [], 0
-    for entry in matrix.select(m, args.tags):
-        with log.step(f"repro {entry.tag}") as note:
-            report = repro_one(entry, args)
-            note["result"] = report["result"]
-        failed += report["result"] != "reproducible"
-        rows.append([entry.tag, f"{log.mark(report['result'] == 'reproducible')} {report['result']}",
-                     report["files_compared"], f"{report['bytes_compared'] / 1e9:.2f} GB", report["differences"],
-                     report["unexplained_count"], "yes" if report["layers"]["identical"] else "no"])
-    log.summary("Reproducibility", ("tag", "result", "files", "bytes", "differences", "unexplained",
-                                    "layers identical"), rows)
-    return 1 if failed else 0

@@ -9,11 +9,13 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from dataclasses import dataclass
 
 from builder import log
 from builder.errors import CompatError, EnvironmentProblem
 from builder.model.compat import uses_pypi
 from builder.model.matrix import Entry
+from builder.steps import Done
 
 # Linux x86_64 with glibc 2.28+: Debian 12 (2.36), Ubuntu 22.04 (2.35) and 24.04 (2.39) all qualify.
 PLATFORM = "x86_64-manylinux_2_28"
@@ -99,3 +101,29 @@ def canonical(name: str) -> str:
 def resolve(entry: Entry) -> dict[str, str]:
     """Resolve without hashes; return the full pin set."""
     return parse_pins(compile_requirements(entry, hashes=False))
+
+
+# --- the step --------------------------------------------------------------------------------------------
+
+NAME = "resolve"
+HELP = "prove each entry's packages resolve (uv pip compile against its index)"
+DEFAULT_ALL = True
+
+
+@dataclass(frozen=True)
+class Options:
+    pass
+
+
+def add_arguments(p) -> None:
+    pass
+
+
+def prepare(entries, options: Options) -> None:
+    _uv()
+
+
+def run(entry: Entry, options: Options) -> Done:
+    pins = resolve(entry)
+    nccl = pins.get("nvidia-nccl-cu13") or pins.get("nvidia-nccl-cu12") or "—"
+    return Done("resolved", f"{len(pins)} packages from {entry.index_url}; torch {pins.get('torch')}, nccl {nccl}")

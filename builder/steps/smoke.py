@@ -11,15 +11,32 @@ import json
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from builder import log, reports
 from builder.boundary import engine
 from builder.errors import StepFailed, UserError
+from builder.model import paths
+from builder.steps import Done
 
 CHECK_TIMEOUT = 600  # seconds per check inside the image; `all` enforces it per check
 DEFAULT_SHM = "8g"  # Docker's 64 MB default breaks NCCL and DataLoader workers; the env check says so
+
+
+NAME = "smoke"
+HELP = "run the smoke gate in a built image; write the smoke report"
+DEFAULT_ALL = False
+
+
+@dataclass(frozen=True)
+class Options:
+    cpu: bool = False
+    gpus: str | None = None
+    image: str | None = None
+    shm_size: str = DEFAULT_SHM
+    timeout: int = CHECK_TIMEOUT
 
 
 def add_arguments(p) -> None:
@@ -29,6 +46,14 @@ def add_arguments(p) -> None:
     p.add_argument("--image", metavar="REF", help="gate this image instead of the tag's build (e.g. a pulled one)")
     p.add_argument("--shm-size", default=DEFAULT_SHM, help=f"/dev/shm size for the container (default {DEFAULT_SHM})")
     p.add_argument("--timeout", type=int, default=CHECK_TIMEOUT, help="seconds per check (default 600)")
+
+
+def prepare(entries, options: Options) -> None:
+    if options.image and len(entries) != 1:
+        raise UserError("--image needs exactly one tag")
+    if options.timeout < 30:
+        raise UserError(f"--timeout {options.timeout}: a check needs at least 30 seconds")
+    engine.sdk()
 
 
 def run_gate(image_ref: str, gpus: bool, timeout: int = CHECK_TIMEOUT, shm_size: str = DEFAULT_SHM) -> dict:
@@ -48,9 +73,7 @@ def run_gate(image_ref: str, gpus: bool, timeout: int = CHECK_TIMEOUT, shm_size:
             volumes={str(out_dir): {"bind": "/smoke-out", "mode": "rw"}},
             environment={"HF_HUB_OFFLINE": "1"},
         )
-        result_file = out_dir / "all.json"
-        result = json.loads(result_file.read_text()) if result_file.exists() else None
-        per_check = {p.stem: json.loads(p.read_text()) for p in out_dir.glob("*.json") if p.stem != "all"}
+        result, per_check, broken = read_gate_output(out_dir)
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
     report = {
@@ -61,14 +84,44 @@ def run_gate(image_ref: str, gpus: bool, timeout: int = CHECK_TIMEOUT, shm_size:
         "exit_code": code,
         "checks": (result or {}).get("checks", []),
         "details": per_check,
+        "level": level(result, per_check, gpus),
         "duration_s": round(time.monotonic() - started, 1),
         "finished_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "shm_size": shm_size,
     }
     if result is None:
-        report["checks"] = [{"name": "gate", "passed": False, "summary": "the gate wrote no result",
+        report["passed"] = False
+        report["checks"] = [{"name": "gate", "passed": False, "summary": broken or "the gate wrote no result",
                              "diagnosis": [logs.strip()[-1500:] or f"container exit {code}"]}]
     return report
+
+
+def level(result: dict | None, per_check: dict, gpus: bool) -> dict:
+    """How far the gate proved the image: `cpu`, or `gpu` with the model, count and host driver it ran on."""
+    if not gpus or (result or {}).get("mode") != "gpu":
+        return {"kind": "cpu", "gpu_model": None, "gpu_count": 0, "driver": None}
+    figures = (per_check.get("env") or {}).get("figures") or {}
+    models = sorted({g.get("name") for g in figures.get("gpus") or [] if g.get("name")})
+    return {"kind": "gpu", "gpu_model": " + ".join(models) or None, "gpu_count": figures.get("gpu_count"),
+            "driver": figures.get("driver")}
+
+
+def read_gate_output(out_dir: Path) -> tuple[dict | None, dict, str | None]:
+    """The gate's all.json and per-check files, each held to its schema (smoke/schemas/): a result that
+    breaks the contract is no result. Returns (verdict or None, {check: result}, why it is unusable)."""
+    result_file = out_dir / "all.json"
+    if not result_file.exists():
+        return None, {}, None
+    try:
+        result = json.loads(result_file.read_text())
+        per_check = {p.stem: json.loads(p.read_text()) for p in out_dir.glob("*.json") if p.stem != "all"}
+    except (OSError, ValueError) as exc:
+        return None, {}, f"the gate's output is not JSON ({exc})"
+    found = reports.problems("all", result, smoke=True) + [
+        f"{name}.json: {p}" for name, data in per_check.items() for p in reports.problems("check", data, smoke=True)]
+    if found:
+        return None, per_check, f"the gate's output breaks smoke/schemas: {found[0]}"
+    return result, per_check, None
 
 
 def failing(report: dict) -> list[str]:
@@ -83,32 +136,15 @@ def failing(report: dict) -> list[str]:
     return lines
 
 
-def main(args) -> int:
-    from builder import cli
-    from builder.model import matrix
-
-    m = cli._load(args)
-    if not args.tags:
-        raise UserError("which image? name a tag", f"e.g. python -m builder smoke {m.default.tag} --cpu")
-    entries = matrix.select(m, args.tags)
-    if args.image and len(entries) != 1:
-        raise UserError("--image needs exactly one tag")
-    engine.sdk()
-    rows, failed = [], 0
-    for entry in entries:
-        ref = args.image or reports.read(entry.tag, "build").get("image") or f"{entry.image}:{entry.tag}"
-        with log.step(f"smoke {entry.tag}{' (' + ref + ')' if args.image else ''}") as note:
-            report = run_gate(ref, gpus=bool(args.gpus), timeout=args.timeout, shm_size=args.shm_size)
-            reports.write(entry.tag, "smoke", report)
-            note["result"] = "passed" if report["passed"] else "FAILED"
-        for check in report["checks"]:
-            rows.append([entry.tag, check["name"], log.mark(bool(check.get("passed"))),
-                         f"{check.get('seconds', 0):.1f}s", (check.get("summary") or "")[:90]])
-        if not report["passed"]:
-            failed += 1
-            for line in failing(report):
-                log.info(f"✕ {entry.tag}: {line}")
-    log.summary("Smoke gate", ("tag", "check", "ok", "time", "summary"), rows)
-    if failed:
-        raise StepFailed(f"{failed} image(s) failed the smoke gate", "see build/reports/<tag>.smoke.json")
-    return 0
+def run(entry, options: Options) -> Done:
+    ref = options.image or (reports.read(entry.tag, "build") or {}).get("image") or paths.image_ref(entry)
+    report = run_gate(ref, gpus=bool(options.gpus), timeout=options.timeout, shm_size=options.shm_size)
+    reports.write(entry.tag, NAME, report)
+    for check in report["checks"]:
+        log.info(f"  {log.mark(bool(check.get('passed')))} {check['name']} ({check.get('seconds') or 0:.1f}s): "
+                 f"{(check.get('summary') or '')[:100]}")
+    if not report["passed"]:
+        raise StepFailed(f"{entry.tag}: the smoke gate failed: " + " | ".join(failing(report)),
+                         f"see {paths.report(entry.tag, NAME)}")
+    return Done("passed", f"{report['mode']}: " + ", ".join(f"{c['name']} {c.get('seconds') or 0:.0f}s"
+                                                          for c in report["checks"]))

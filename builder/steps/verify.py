@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import tarfile
+from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
@@ -23,6 +24,21 @@ from builder.errors import EnvironmentProblem, StepFailed, UserError
 
 FACTS = "/opt/train-image/image.json"
 MIN_SHM_MB = 1024  # below this, NCCL and DataLoader workers fail when containers share the host's /dev/shm
+
+
+NAME = "verify"
+HELP = "re-verify a pulled image on this host (host checks + gate)"
+NEEDS_MATRIX = False
+
+
+@dataclass(frozen=True)
+class Options:
+    image: str
+    cpu: bool = False
+    no_pull: bool = False
+    timeout: int = 600
+    shm_size: str = "8g"
+    json: str | None = None
 
 
 def add_arguments(p) -> None:
@@ -166,7 +182,7 @@ def verdict(image_ref: str, rows: list, gate: dict, use_gpus: bool, why_cpu: str
     return ok, lines
 
 
-def main(args) -> int:
+def main(args: Options, m=None) -> int:
     engine.sdk()  # no engine: EnvironmentProblem with how to start one
     with log.step(f"image {args.image}") as note:
         image = ensure_image(args.image, pull=not args.no_pull)

@@ -10,8 +10,10 @@ import tarfile
 
 import pytest
 
+from builder import reports
 from builder.boundary import inspect as verify
-from tests.conftest import CI_TAG, DOCKER, ROOT, derived_image, need_full_build
+from tests.conftest import ROOT
+from tests.integration.images import CI_TAG, DOCKER, derived_image, need_full_build
 
 pytestmark = pytest.mark.docker
 IMAGE = f"ghcr.io/train-images/train:{CI_TAG}"
@@ -37,6 +39,7 @@ def test_image_is_built_and_verified(ci_build):
     cached = set(re.findall(r"#(\d+) CACHED", ci_build["log"]))
     assert len(run_steps) >= 4 and not run_steps & cached, "every RUN step must have executed"
     assert "Successfully installed" in ci_build["log"] and "torch-2.13.0" in ci_build["log"]
+    assert reports.problems("build", report) == [], "the real build report must match builder/schemas/build"
 
 
 def test_labels(ci_build):
@@ -95,6 +98,7 @@ def test_second_build_with_unchanged_inputs_is_skipped(ci_build):
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads((ROOT / "build/reports" / f"{CI_TAG}.build.json").read_text())
     assert report["result"] == "skipped" and report["image_id"] == ci_build["report"]["image_id"]
+    assert reports.problems("build", report) == []
     assert "docker build" not in proc.stderr.split("▶ build")[1]
     assert "skipped" in proc.stderr  # the summary table says so
 
@@ -127,3 +131,47 @@ def test_ctrl_c_stops_cleanly(ci_build):
     leftover = subprocess.run(["pgrep", "-f", f"docker build .*-t {IMAGE} "], capture_output=True, text=True)
     assert leftover.stdout.strip() == "", "the docker build process must not outlive the builder"
     assert inspect(IMAGE)["Id"] == before, "an interrupted build must not move the tag"
+
+
+def _starts_a_real_build(argv: list[str]) -> tuple[bool, str]:
+    """Run `builder build` until it either finishes (skipped) or starts `docker build`; then Ctrl-C it."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "builder", "build", CI_TAG, *argv], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen, deadline = "", time.monotonic() + 300
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen += line
+        if line.startswith(f"+ {DOCKER} build") or line.startswith("+ docker build"):
+            proc.send_signal(signal.SIGINT)
+            rest, _ = proc.communicate(timeout=120)
+            return True, seen + rest
+    proc.wait(timeout=60)
+    return False, seen
+
+
+def test_a_build_flag_change_is_not_skipped(ci_build):
+    """The input hash covers the build flags: another apt mirror (here Debian's own) is another image."""
+    before = inspect(IMAGE)["Id"]
+    started, output = _starts_a_real_build(["--local-base", "--apt-mirror", "http://deb.debian.org/debian"])
+    assert started, "a changed --apt-mirror must rebuild, not skip: " + output[-1500:]
+    assert "APT_MIRROR=http://deb.debian.org/debian" in output
+    assert inspect(IMAGE)["Id"] == before
+
+
+def test_a_foreign_image_under_the_name_is_never_skipped_to(ci_build, tmp_path):
+    """An image that carries our input-hash label but that this builder did not build (pulled, or left by a
+    pull request on a shared runner) is rebuilt, not trusted."""
+    original = inspect(IMAGE)["Id"]
+    foreign = derived_image("foreign-same-labels", IMAGE, ["true"], tmp_path)
+    assert inspect(foreign)["Config"]["Labels"]["io.train-images.input-hash"] == ci_build["report"]["input_hash"]
+    subprocess.run([DOCKER, "tag", foreign, IMAGE], check=True)
+    try:
+        started, output = _starts_a_real_build(["--local-base"])
+        assert started, "an image this builder did not build must not be skipped to: " + output[-1500:]
+    finally:
+        subprocess.run([DOCKER, "tag", original, IMAGE], check=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import ROOT, run_cli
+from tests.integration.images import build_small
 from tests.unit.test_diff import _dockerfile
-from tests.unit.test_manifest import build_small
 
 
 @pytest.mark.docker

@@ -8,7 +8,8 @@ import pytest
 
 from builder.steps import manifest
 from tests.conftest import ROOT
-from tests.unit.test_manifest import DOCKERFILE, build_small
+from tests.integration.images import build_small
+from tests.unit.test_manifest import DOCKERFILE
 
 
 @pytest.mark.docker

@@ -17,6 +17,7 @@ import pytest
 
 from builder import reports
 from builder.boundary import engine
+from builder.model import paths
 from builder.steps import publish
 from tests.conftest import ROOT, run_cli
 from tests.integration import registry_fixture
@@ -177,7 +178,7 @@ def test_auth_registry_with_password_stdin(project, auth_registry, images, monke
     assert auth_registry.digest("train", TAG, user="ci") == digest
     out = capsys.readouterr()
     assert "s3cr3t-Pa55" not in out.out + out.err
-    assert "s3cr3t-Pa55" not in reports.path(TAG, "publish").read_text()
+    assert "s3cr3t-Pa55" not in paths.report(TAG, "publish").read_text()
 
 
 def test_auth_registry_with_docker_config(project, auth_registry, images, tmp_path, capsys):
@@ -245,7 +246,7 @@ def test_publish_real_ci_image(registry, tmp_path, monkeypatch):
     if reports.read(CI_TAG, "smoke", required=False) is None:
         proc = subprocess.run([sys.executable, "-m", "builder", "smoke", CI_TAG, "--cpu"], cwd=ROOT, timeout=1800)
         assert proc.returncode == 0, f"the real smoke gate failed for {CI_TAG}: see build/reports/{CI_TAG}.smoke.json"
-    smoke = json.loads(reports.path(CI_TAG, "smoke").read_text())
+    smoke = json.loads(paths.report(CI_TAG, "smoke").read_text())
     local = f"ghcr.io/train-images/train:{CI_TAG}"
     current = docker("image", "inspect", "--format", "{{.Id}}", local, check=False).stdout.strip()
     if not current:
@@ -255,7 +256,7 @@ def test_publish_real_ci_image(registry, tmp_path, monkeypatch):
     # Work on a copy of the reports so this test never rewrites the project's publish report.
     copy = tmp_path / "reports"
     copy.mkdir()
-    (copy / f"{CI_TAG}.smoke.json").write_text(reports.path(CI_TAG, "smoke").read_text())
+    (copy / f"{CI_TAG}.smoke.json").write_text(paths.report(CI_TAG, "smoke").read_text())
     monkeypatch.setenv("BUILDER_REPORTS", str(copy))
     assert run_cli("publish", CI_TAG, "--registry", registry.host) == 0
     report = reports.read(CI_TAG, "publish")

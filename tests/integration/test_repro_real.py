@@ -6,9 +6,10 @@ import json
 
 import pytest
 
+from builder import reports
 from builder.steps import repro
-from tests.conftest import CI_TAG, ROOT, run_cli
-from tests.unit.test_manifest import build_small
+from tests.conftest import ROOT, run_cli
+from tests.integration.images import CI_TAG, build_small
 from tests.unit.test_repro import PLANTED
 
 
@@ -32,6 +33,7 @@ def test_real_repro_of_the_ci_entry(ci_build, monkeypatch):
     monkeypatch.chdir(ROOT)
     assert run_cli("--matrix", str(ROOT / "matrix.yaml"), "repro", CI_TAG, "--local-base") == 0
     report = json.loads((ROOT / "build/reports" / f"{CI_TAG}.repro.json").read_text())
+    assert reports.problems("repro", report) == []
     assert report["result"] == "reproducible", json.dumps(report["unexplained"][:20], indent=1)
     assert report["unexplained_count"] == 0 and report["packages"] == {"python_packages": [], "os_packages": []}
     assert report["files_compared"] > 30000 and report["bytes_compared"] > 5e9

@@ -9,8 +9,10 @@ import sys
 
 import pytest
 
+from builder import reports
 from builder.steps import smoke
-from tests.conftest import CI_TAG, ROOT, derived_image
+from tests.conftest import ROOT
+from tests.integration.images import CI_TAG, derived_image
 
 pytestmark = pytest.mark.docker
 IMAGE = f"ghcr.io/train-images/train:{CI_TAG}"
@@ -32,7 +34,11 @@ def test_gate_passes_on_the_built_image(ci_build):
     assert train["loss_last"] < train["loss_first"]
     assert train["ranks"] == 2
     assert report["duration_s"] < 120, "the CPU gate should finish well under two minutes"
-    assert "Smoke gate" in proc.stderr and "✓" in proc.stderr
+    assert "smoke: 1 of 1 ok" in proc.stderr and "✓" in proc.stderr
+    # Both sides of the contract hold on real output: the builder's report and the gate's own files.
+    assert reports.problems("smoke", report) == []
+    for name, result in report["details"].items():
+        assert reports.problems("check", result, smoke=True) == [], name
 
 
 def test_torch_replaced_by_another_build_fails_env(ci_build, tmp_path):

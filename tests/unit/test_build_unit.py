@@ -5,11 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import pytest
 
-from builder.steps import build
+from builder.boundary import buildkit
 from tests.conftest import ROOT
 
 SAMPLES = {
@@ -26,13 +25,16 @@ SAMPLES = {
 
 @pytest.mark.parametrize("output, expected", SAMPLES.items(), ids=range(len(SAMPLES)))
 def test_failures_are_explained(output, expected):
-    message, hint = build.explain_failure("#12 12.3 " + output + "\n")
+    message, hint, environmental = buildkit.explain_failure("#12 12.3 " + output + "\n")
     assert expected in message
     assert hint
+    # Only a full disk or an unreachable base is the machine's fault (exit 3); the rest is a failed build.
+    assert environmental == (expected in ("the disk is full", "the base image cannot be pulled"))
 
 
 def test_unknown_failure_shows_the_tail():
-    message, _ = build.explain_failure("step 1\nstep 2\nsomething odd happened\n")
+    message, _, environmental = buildkit.explain_failure("step 1\nstep 2\nsomething odd happened\n")
+    assert not environmental
     assert "something odd happened" in message
 
 
@@ -50,45 +52,68 @@ def test_build_without_tags_is_a_user_error():
     assert proc.returncode == 2 and "pass --all" in proc.stderr
 
 
-def test_secrets_go_to_files_never_argv(monkeypatch, tmp_path):
-    token = "https://user:s3cr3t-token@index.example/simple"
-    monkeypatch.setenv("PIP_INDEX_URL", token)
-    bundle = tmp_path / "ca.pem"
-    bundle.write_text("-----BEGIN CERTIFICATE-----\nX\n-----END CERTIFICATE-----\n")
+def _spec(tmp_path, **changes) -> buildkit.BuildSpec:
     from builder.model import matrix
 
     entry = matrix.load(ROOT / "matrix.yaml").by_tag()["cu130-torch2.13-bookworm"]
-    monkeypatch.setattr(build.engine, "client", lambda: build.engine.Client("/usr/bin/docker", "legacy"))
-    args = SimpleNamespace(apt_mirror=None, no_cache=False)
-    with build.secret_files(str(bundle)) as (secrets, values):
+    fields = dict(entry=entry, context=tmp_path, ref="example/train:t", base_ref="debian:bookworm-slim",
+                  base_substituted=True, base_id="sha256:" + "1" * 64, epoch=1700000000)
+    return buildkit.BuildSpec(**{**fields, **changes})
+
+
+def test_secrets_go_to_files_never_argv(monkeypatch, tmp_path):
+    token = "https://user:s3cr3t-token@index.example/simple"
+    bundle = tmp_path / "ca.pem"
+    bundle.write_text("-----BEGIN CERTIFICATE-----\nX\n-----END CERTIFICATE-----\n")
+    monkeypatch.setattr(buildkit.engine, "client", lambda: buildkit.engine.Client("/usr/bin/docker", "legacy"))
+    with buildkit.secret_files(str(bundle), environ={"PIP_INDEX_URL": token}) as (secrets, values):
         assert values == [token]
-        argv = build.build_argv(entry, ROOT / "build/context/x", {"python": "3.11", "cuda": "13.0", "min_driver": "1",
-                                                                  "pins": entry.pins}, "h", {"ref": "b", "substituted": False},
-                                secrets, args)
+        argv = buildkit.argv(_spec(tmp_path), secrets, {"io.train-images.tag": "t"})
         secret_file = secrets["pip_index_url"]
         assert open(secret_file).read() == token and oct(os.stat(secret_file).st_mode)[-3:] == "600"
     assert not os.path.exists(secret_file), "secret files are removed after the build"
     text = " ".join(argv)
     assert "s3cr3t" not in text and "--build-arg PIP_INDEX_URL" not in text
     assert f"id=pip_cert,src={bundle}" in text and "id=pip_index_url,src=" in text
+    assert buildkit.masked(argv + [token], values).count("****") == 1
 
 
 def test_missing_ca_bundle_is_a_user_error(monkeypatch):
     from builder.errors import UserError
 
     with pytest.raises(UserError, match="does not exist"):
-        with build.secret_files("/nonexistent/ca.pem"):
+        with buildkit.secret_files("/nonexistent/ca.pem", environ={}):
             pass
 
 
-def test_input_hash_covers_content_and_mode(tmp_path):
+def test_context_hash_covers_content_and_mode(tmp_path):
     (tmp_path / "a").write_text("1")
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "b").write_text("2")
-    first = build.input_hash(tmp_path)
-    assert build.input_hash(tmp_path) == first
+    first = buildkit.context_hash(tmp_path)
+    assert buildkit.context_hash(tmp_path) == first
     (tmp_path / "sub" / "b").write_text("3")
-    second = build.input_hash(tmp_path)
+    second = buildkit.context_hash(tmp_path)
     assert second != first
     os.chmod(tmp_path / "a", 0o755)
-    assert build.input_hash(tmp_path) != second
+    assert buildkit.context_hash(tmp_path) != second
+
+
+@pytest.mark.parametrize("change", [
+    {"base_ref": "mirror.example/debian:bookworm-slim"},          # --base-image
+    {"base_id": "sha256:" + "2" * 64},                           # another local copy under the same name
+    {"build_args": {"APT_MIRROR": "http://mirror.example/debian"}},  # --apt-mirror
+    {"epoch": 1700000001},                                       # a newer commit of the inputs
+], ids=["base-ref", "base-id", "apt-mirror", "epoch"])
+def test_input_hash_changes_with_every_build_flag(tmp_path, change):
+    (tmp_path / "Dockerfile").write_text("FROM scratch\n")
+    assert buildkit.input_hash(_spec(tmp_path, **change)) != buildkit.input_hash(_spec(tmp_path))
+
+
+def test_input_hash_changes_with_the_builder_version(tmp_path, monkeypatch):
+    import builder
+
+    (tmp_path / "Dockerfile").write_text("FROM scratch\n")
+    before = buildkit.input_hash(_spec(tmp_path))
+    monkeypatch.setattr(builder, "__version__", builder.__version__ + ".1")
+    assert buildkit.input_hash(_spec(tmp_path)) != before

@@ -17,9 +17,9 @@ VERSIONS = {"torch": "2.13.0", "transformers": "5.24.0", "deepspeed": "0.19.8", 
 
 def write_reports(image_id: str = IMAGE_ID, smoke_id: str = IMAGE_ID) -> None:
     reports.write(TAG, "build", {"result": "built", "image_id": image_id, "size_bytes": 5_709_747_927,
-                                 "versions": VERSIONS})
+                                 "versions": VERSIONS, "input_hash": "e" * 64, "duration_s": 200.0})
     reports.write(TAG, "smoke", {
-        "passed": True, "image_id": smoke_id, "mode": "cpu", "finished_at": "2026-12-02T15:30:00Z",
+        "image": f"example.org/team/train:{TAG}", "passed": True, "image_id": smoke_id, "mode": "cpu", "finished_at": "2026-12-02T15:30:00Z",
         "checks": [
             {"name": "env", "passed": True, "figures": {"shm_mb": 8192}},
             {"name": "train", "passed": True, "figures": {"steps_per_s": 0.4321, "loss_first": 5.48,
@@ -35,18 +35,22 @@ def write_reports(image_id: str = IMAGE_ID, smoke_id: str = IMAGE_ID) -> None:
 
 def test_generated_from_reports(project):
     write_reports()
-    reports.write(TAG, "repro", {"verdict": "identical", "finished_at": "2026-12-03T01:00:00Z"})
+    reports.write(TAG, "repro", {"result": "reproducible", "identical": False, "ok": True, "files_compared": 44989,
+                                 "bytes_compared": 5_700_000_000, "differences": 0, "unexplained_count": 0,
+                                 "allowlisted_count": 0, "layers": {"identical": False},
+                                 "rebuild": {"image": "x:y-repro", "id": "sha256:" + "2" * 64},
+                                 "finished_at": "2026-12-03T01:00:00Z", "duration_s": 389.0})
     assert run_cli("catalog") == 0
     md = (project / "IMAGES.md").read_text()
     assert f"`{FULL}`" in md and DIGEST in md and f"docker pull ghcr.io/acme/train@{DIGEST}" in md
     assert "5.71 GB" in md and "580.65.06" in md and "✓ passed (cpu, 2026-12-02)" in md
-    assert "0.43 steps/s" in md and "busbw 1.23 GB/s (2 ranks gloo)" in md and "identical" in md
+    assert "0.43 steps/s" in md and "busbw 1.23 GB/s (2 ranks gloo)" in md and "reproducible" in md
     assert "| cu121-torch2.3 " in md.replace("`", "") and "not published" in md  # every tag is listed
     data = json.loads((project / "images.json").read_text())
     entry = next(i for i in data["images"] if i["tag"] == TAG)
     assert entry["published"]["digest"] == DIGEST and entry["smoke"]["busbw_gbps"] == 1.234
     assert entry["versions"]["torch"] == "2.13.0" and entry["versions_source"] == "measured in the image"
-    assert entry["repro"]["verdict"] == "identical"
+    assert entry["repro"]["verdict"] == "reproducible" and entry["repro"]["date"] == "2026-12-03"
 
 
 def test_deterministic(project, tmp_path):

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
 import tarfile
 
 import pytest
 
 from builder.steps import manifest
-from tests.conftest import DOCKER
 
 
 def _tar(members: list[tuple[str, str, bytes | str | None]]) -> bytes:
@@ -111,20 +109,5 @@ RUN mkdir -p /data/keep /data/opq && echo a > /data/gone && echo b > /data/keep/
     && ln -s keep/x /data/link && ln /data/keep/x /data/hard && chmod 0750 /data/keep && chown 12:34 /data/keep/x
 RUN rm /data/gone && rm -rf /data/opq && mkdir /data/opq && echo new > /data/opq/new
 """
-
-
-def build_small(tmp_path, name: str, dockerfile: str, no_cache: bool = False) -> str:
-    """A small image from the local debian:bookworm-slim, built with BuildKit like the real ones."""
-    context = tmp_path / name
-    context.mkdir(exist_ok=True)
-    (context / "Dockerfile").write_text(dockerfile)
-    ref = f"builder-test/{name}:latest"
-    argv = [DOCKER, "build", "-q", "-t", ref] + (["--no-cache"] if no_cache else []) + [str(context)]
-    proc = subprocess.run(argv, env={"DOCKER_BUILDKIT": "1", "PATH": "/usr/bin:/bin"}, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return ref
-
-
 
 

@@ -1,0 +1,244 @@
+"""BuildKit builds through the docker CLI: the build context, the input hash, labels, secrets, the argv.
+
+Build and repro both describe a build as a `BuildSpec` and hand it to `run`; neither knows how the command
+line is assembled. The Docker SDK cannot do BuildKit builds (no secrets, no cache mounts), so the CLI
+chosen by `engine.client()` runs them (https://github.com/docker/docker-py/issues/2230).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import builder
+from builder.boundary import baseimage, engine
+from builder.errors import UserError
+from builder.model import paths
+from builder.model.matrix import Entry
+
+LABEL_PREFIX = "io.train-images"
+SOURCE_URL = os.environ.get("BUILDER_SOURCE_URL", "https://github.com/train-images/train-images")
+ZIP_EPOCH = 315532800  # 1980-01-01: the fixed time when there is no git history
+# Sensitive settings and the BuildKit secret id each travels under; never a build arg (visible in history).
+SECRET_ENV = (("PIP_INDEX_URL", "pip_index_url"), ("PIP_EXTRA_INDEX_URL", "pip_extra_index_url"))
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    """Everything that decides an image's bytes, plus where the result goes."""
+
+    entry: Entry
+    context: Path
+    ref: str  # the name the built image gets
+    base_ref: str
+    base_substituted: bool
+    base_id: str | None = None  # the local image ID behind base_ref, when the engine has it
+    build_args: Mapping[str, str] = field(default_factory=dict)  # besides BASE_IMAGE and SOURCE_DATE_EPOCH
+    epoch: int = ZIP_EPOCH
+    no_cache: bool = False
+
+
+def spec(entry: Entry, *, context: Path, ref: str, base_image: str | None, local_base: bool, apt_mirror: str | None,
+         no_cache: bool) -> BuildSpec:
+    """The build the flags describe: which base (pinned, a mirror, or a local copy), which apt mirror."""
+    ref_used = base_image or baseimage.reference(entry, local=local_base)
+    base = baseimage.describe(entry, ref_used)
+    extra = {"APT_MIRROR": apt_mirror} if apt_mirror else {}
+    return BuildSpec(entry=entry, context=context, ref=ref, base_ref=base["ref"], base_id=base["image_id"],
+                     base_substituted=base["substituted"], build_args=extra, epoch=source_date_epoch(entry),
+                     no_cache=no_cache)
+
+
+# --- the context -----------------------------------------------------------------------------------------
+
+
+def stage_context(entry: Entry, root: Path = paths.CONTEXT_ROOT) -> Path:
+    """Copy exactly the files the image is made of (dockerfiles/<tag>/ and smoke/) into root/<tag>/."""
+    source = paths.tag_dir(entry)
+    if not (source / "Dockerfile").exists():
+        raise UserError(f"{source}/Dockerfile does not exist", f"run `python -m builder render {entry.tag}`")
+    target = root / entry.tag
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    for path in sorted(source.iterdir()):
+        if path.is_file() and not path.is_symlink():
+            shutil.copy2(path, target / path.name)
+    shutil.copytree(paths.SMOKE_DIR, target / "smoke", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return target
+
+
+def context_hash(context: Path) -> str:
+    """sha256 over every file in the context: path, executable bit and content."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in context.rglob("*") if p.is_file()):
+        rel = path.relative_to(context).as_posix()
+        digest.update(f"{rel}\0{os.access(path, os.X_OK)}\0".encode())
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def input_hash(spec: BuildSpec) -> str:
+    """Everything that changes the image's bytes: the staged context, every build argument, the base
+    reference and the builder's version. Two builds with the same hash are interchangeable."""
+    digest = hashlib.sha256()
+    digest.update(f"builder {builder.__version__}\0context {context_hash(spec.context)}\0".encode())
+    for key, value in sorted(build_args(spec).items()):
+        digest.update(f"arg {key}={value}\0".encode())
+    # A local base (`--local-base`) has no digest in its reference: its image ID stands in for one.
+    digest.update(f"base-id {spec.base_id or ''}\0".encode())
+    return digest.hexdigest()
+
+
+def build_args(spec: BuildSpec) -> dict[str, str]:
+    return {"BASE_IMAGE": spec.base_ref, "SOURCE_DATE_EPOCH": str(spec.epoch), **spec.build_args}
+
+
+def source_date_epoch(entry: Entry) -> int:
+    """Timestamps the build writes come from the inputs' last commit, not the clock."""
+    try:
+        out = subprocess.run(["git", "log", "-1", "--format=%ct", "--", str(paths.tag_dir(entry)),
+                              str(paths.SMOKE_DIR)], capture_output=True, text=True, timeout=10).stdout.strip()
+        return int(out) if out else ZIP_EPOCH
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return ZIP_EPOCH
+
+
+def git_revision() -> str:
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", str(paths.DOCKERFILES), str(paths.SMOKE_DIR)],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return (rev or "unknown") + ("-dirty" if dirty else "")
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+def labels(spec: BuildSpec, facts: dict, digest: str) -> dict[str, str]:
+    """OCI annotations plus our own: every pin, the input hash, the minimum driver, the base used."""
+    entry = spec.entry
+    created = datetime.fromtimestamp(spec.epoch, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    out = {
+        "org.opencontainers.image.title": paths.image_ref(entry),
+        "org.opencontainers.image.version": entry.tag,
+        "org.opencontainers.image.source": SOURCE_URL,
+        "org.opencontainers.image.revision": git_revision(),
+        "org.opencontainers.image.created": created,
+        "org.opencontainers.image.base.name": entry.base_name,
+        "org.opencontainers.image.base.digest": entry.base_digest or "",
+        f"{LABEL_PREFIX}.tag": entry.tag,
+        f"{LABEL_PREFIX}.input-hash": digest,
+        f"{LABEL_PREFIX}.builder-version": builder.__version__,
+        f"{LABEL_PREFIX}.python": facts["python"],
+        f"{LABEL_PREFIX}.cuda": facts["cuda"],
+        f"{LABEL_PREFIX}.min-driver": facts["min_driver"],
+        f"{LABEL_PREFIX}.base.used": spec.base_ref,
+        f"{LABEL_PREFIX}.base.substituted": "true" if spec.base_substituted else "false",
+    }
+    for name, version in facts["pins"].items():
+        out[f"{LABEL_PREFIX}.pin.{name}"] = version or "none"
+    return out
+
+
+# --- secrets ---------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def secret_files(ca_bundle: str | None, environ: Mapping[str, str] = os.environ) -> Iterator[tuple[dict, list]]:
+    """Sensitive settings as files in a private temp dir, handed to BuildKit as secrets, then deleted.
+
+    Yields ({secret id: file path}, [secret values to mask in anything printed])."""
+    tmp = Path(tempfile.mkdtemp(prefix="builder-secrets-"))
+    os.chmod(tmp, 0o700)
+    secrets: dict[str, str] = {}
+    values: list[str] = []
+    try:
+        bundle = ca_bundle or environ.get("PIP_CERT") or environ.get("SSL_CERT_FILE")
+        if bundle:
+            if not Path(bundle).is_file():
+                raise UserError(f"CA bundle {bundle} does not exist", "pass --ca-bundle PATH or unset PIP_CERT")
+            secrets["pip_cert"] = bundle
+        for env_name, secret_id in SECRET_ENV:
+            value = environ.get(env_name)
+            if value:
+                path = tmp / secret_id
+                path.write_text(value)
+                os.chmod(path, 0o600)
+                secrets[secret_id] = str(path)
+                values.append(value)
+        yield secrets, values
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --- the command -----------------------------------------------------------------------------------------
+
+
+def argv(spec: BuildSpec, secrets: Mapping[str, str], image_labels: Mapping[str, str]) -> list[str]:
+    out = engine.client().build_argv() + ["--progress=plain", "--network=host", "-t", spec.ref]
+    for key, value in sorted(build_args(spec).items()):
+        out += ["--build-arg", f"{key}={value}"]
+    if spec.no_cache:
+        out.append("--no-cache")
+    for secret_id, path in sorted(secrets.items()):
+        out += ["--secret", f"id={secret_id},src={path}"]
+    for key, value in sorted(image_labels.items()):
+        out += ["--label", f"{key}={value}"]
+    return out + ["-f", str(spec.context / "Dockerfile"), str(spec.context)]
+
+
+def masked(command: list[str], secrets: list[str]) -> str:
+    shown = " ".join(command)
+    for value in secrets:
+        shown = shown.replace(value, "****")
+    return shown
+
+
+def run(spec: BuildSpec, image_labels: Mapping[str, str], ca_bundle: str | None) -> tuple[int, str, str]:
+    """Run the build; returns (exit code, combined output, the command as shown, secrets masked)."""
+    with secret_files(ca_bundle) as (secrets, secret_values):
+        command = argv(spec, secrets, image_labels)
+        proc = engine.run_cli(command, mask=secret_values)
+    output = proc.stdout
+    for value in secret_values:
+        output = output.replace(value, "****")
+    return proc.returncode, output, masked(command, secret_values)
+
+
+FAILURE_PATTERNS = (
+    (r"no space left on device", "the disk is full", "free space: `docker system prune` / `docker builder prune`"),
+    (r"THESE PACKAGES DO NOT MATCH THE HASHES[\s\S]*?\n\s+(\S+)",
+     "a downloaded package does not match its lock hash: {0}",
+     "the index served other bytes: check the index/mirror, or re-lock if the pin moved"),
+    (r"ResolutionImpossible|conflicting dependencies|(\S+ [^\n]* has requirement [^\n]*)", "pip found a conflict {0}",
+     "re-run `python -m builder lock TAG` and `python -m builder resolve TAG`"),
+    (r"Version '([^']+)' for '([^']+)' was not found", "apt: version {0} of {1} is no longer in the archive",
+     "re-run `python -m builder lock TAG` (apt pins) and commit apt.lock"),
+    (r"(?:failed to resolve source metadata for|pull access denied for|failed to do request[^\n]*)\s*(\S+)",
+     "the base image cannot be pulled: {0}",
+     "pull it through a mirror (--base-image REF) or provide a local copy (--local-base)"),
+    (r"CERTIFICATE_VERIFY_FAILED", "TLS verification failed inside the build (an intercepting proxy?)",
+     "pass the proxy's CA bundle: --ca-bundle PATH (handed in as a BuildKit secret)"),
+)
+ENVIRONMENT_FAILURES = ("the disk is full", "the base image cannot be pulled")
+
+
+def explain_failure(output: str) -> tuple[str, str, bool]:
+    """(message, hint, is the machine's fault rather than the inputs') for a failed build's output."""
+    for pattern, message, hint in FAILURE_PATTERNS:
+        m = re.search(pattern, output)
+        if m:
+            groups = [g for g in m.groups() if g] if m.groups() else []
+            text = message.format(*(groups + ["", ""])).strip()
+            return text, hint, any(text.startswith(e) for e in ENVIRONMENT_FAILURES)
+    tail = [line.strip() for line in output.splitlines() if line.strip()][-3:]
+    return "docker build failed: " + " | ".join(tail)[-400:], "see the build log above", False

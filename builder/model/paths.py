@@ -1,0 +1,41 @@
+"""Where every artifact of the pipeline lives, and the names an entry's images carry.
+
+One place, so the steps agree without importing each other: render writes `dockerfiles/<tag>/`, lock
+adds its locks there, build stages `build/context/<tag>/`, and every step reports to
+`build/reports/<tag>.<step>.json` (BUILDER_REPORTS overrides the directory).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from builder.model.matrix import Entry
+
+DOCKERFILES = Path("dockerfiles")
+SMOKE_DIR = Path("smoke")
+CONTEXT_ROOT = Path("build/context")
+MANIFEST_CACHE = Path("build/manifests")
+REPRO_SUFFIX = "-repro"
+
+
+def tag_dir(entry: Entry) -> Path:
+    return DOCKERFILES / entry.tag
+
+
+def reports_dir() -> Path:
+    return Path(os.environ.get("BUILDER_REPORTS", "build/reports"))
+
+
+def report(tag: str, step: str) -> Path:
+    return reports_dir() / f"{tag}.{step}.json"
+
+
+def image_ref(entry: Entry) -> str:
+    """The local name of the entry's image: <matrix image>:<tag>."""
+    return f"{entry.image}:{entry.tag}"
+
+
+def repro_ref(entry: Entry) -> str:
+    """Where repro puts its from-scratch rebuild, beside (never over) the image."""
+    return image_ref(entry) + REPRO_SUFFIX

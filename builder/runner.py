@@ -1,0 +1,68 @@
+"""Run one step over many entries with one failure policy, one progress shape and one summary table.
+
+Policy, the same for every step: a tag that fails does not stop the others; each failure is kept with its
+error for the CLI to print; Ctrl-C stops at once (the running tag is `interrupted`, the rest `not run`) —
+steps write only whole files (temp file + rename), so nothing is left half-done.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from builder import log
+from builder.errors import BuilderError, EnvironmentProblem, UserError
+from builder.model.matrix import Entry
+from builder.steps import Done
+
+INTERRUPTED = 130
+
+
+@dataclass(frozen=True)
+class Outcome:
+    tag: str
+    result: str  # the step's own word (built, passed, …) or failed / interrupted / not run
+    seconds: float
+    detail: str = ""
+    error: BuilderError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.result not in ("interrupted", "not run")
+
+
+def run(step: str, entries: Sequence[Entry], fn: Callable[[Entry], Done]) -> list[Outcome]:
+    outcomes: list[Outcome] = []
+    for index, entry in enumerate(entries):
+        started = time.monotonic()
+        try:
+            with log.step(f"{step} {entry.tag}") as note:
+                done = fn(entry)
+                note["result"] = done.result
+            outcomes.append(Outcome(entry.tag, done.result, time.monotonic() - started, done.detail))
+        except KeyboardInterrupt:
+            outcomes.append(Outcome(entry.tag, "interrupted", time.monotonic() - started))
+            outcomes += [Outcome(e.tag, "not run", 0.0) for e in entries[index + 1:]]
+            break
+        except BuilderError as exc:
+            first = (exc.message.splitlines() or [""])[0]
+            outcomes.append(Outcome(entry.tag, "failed", time.monotonic() - started, first, exc))
+    rows = [[o.tag, f"{log.mark(o.ok)} {o.result}", f"{o.seconds:.0f}s", o.detail[:100]] for o in outcomes]
+    log.summary(f"{step}: {sum(o.ok for o in outcomes)} of {len(outcomes)} ok", ("tag", "result", "time", "detail"),
+                rows)
+    return outcomes
+
+
+def exit_code(outcomes: Sequence[Outcome]) -> int:
+    """0 when all ok; 130 when interrupted; else the most actionable failure kind: bad input (2) before a
+    missing machine facility (3) before a failed step (1)."""
+    if any(o.result == "interrupted" for o in outcomes):
+        return INTERRUPTED
+    errors = [o.error for o in outcomes if o.error is not None]
+    if not errors:
+        return 0
+    for kind in (UserError, EnvironmentProblem):
+        if any(isinstance(e, kind) for e in errors):
+            return kind.exit_code
+    return 1

@@ -1,0 +1,47 @@
+"""Real-engine fixtures: a Docker engine must answer, the CI entry is built once per session for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.integration.images import CI_TAG, canary_bundle, docker_available
+
+
+@pytest.fixture(scope="session")
+def require_docker():
+    if not docker_available():
+        pytest.fail("these tests need a Docker engine: run them through `make test` (or .ci/run), which starts one")
+
+
+# --- the real CI image, built once per session -----------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def ci_build(require_docker, tmp_path_factory):
+    """Build the CI entry for real (no layer cache, so every RUN executes with the secret mounted).
+
+    BUILDER_TEST_FAST=1 (local iteration only; CI never sets it) builds incrementally instead; the tests
+    that need every RUN step executed then skip and say why."""
+    tmp = tmp_path_factory.mktemp("ci-build")
+    fast = os.environ.get("BUILDER_TEST_FAST") == "1"
+    bundle, marker = canary_bundle(tmp)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("PIP_INDEX_URL", None)
+    flags = [] if fast else ["--no-cache", "--force"]
+    proc = subprocess.run([sys.executable, "-m", "builder", "build", CI_TAG, "--local-base", *flags,
+                           "--ca-bundle", str(bundle)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=3000)
+    log = proc.stdout + proc.stderr
+    (tmp / "build.log").write_text(log)
+    assert proc.returncode == 0, log[-4000:]
+    from builder import reports
+
+    report = json.loads((ROOT / reports.path(CI_TAG, "build")).read_text())
+    return {"report": report, "log": log, "marker": marker, "bundle": bundle, "tmp": tmp, "fast": fast}
+
+

@@ -1,0 +1,78 @@
+"""Helpers for tests that use the real engine: the docker binary, the CI tag, small derived images."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+CI_TAG = "cu130-torch2.13-bookworm"
+DOCKER = "/usr/bin/docker"
+
+
+def docker_available() -> bool:
+    try:
+        from builder.boundary import engine
+
+        engine.sdk()
+        engine.client()
+        return True
+    except Exception:  # noqa: BLE001 - any failure means "no engine here"
+        return False
+
+
+def canary_bundle(directory: Path) -> tuple[Path, str]:
+    """The host CA bundle plus a freshly generated certificate nobody else has: its bytes must never
+    appear in the image, its history or the logs, although pip reads the bundle during the build."""
+    key, cert = directory / "canary.key", directory / "canary.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+                    "/CN=builder-test-canary", "-keyout", str(key), "-out", str(cert)], check=True,
+                   capture_output=True)
+    body = [line for line in cert.read_text().splitlines() if not line.startswith("-----")]
+    marker = body[3]  # 64 base64 characters unique to this certificate
+    host = Path(os.environ.get("PIP_CERT") or os.environ.get("SSL_CERT_FILE") or "/etc/ssl/certs/ca-certificates.crt")
+    bundle = directory / "bundle.pem"
+    bundle.write_text((host.read_text() if host.exists() else "") + "\n" + cert.read_text())
+    return bundle, marker
+
+
+def need_full_build(ci_build) -> None:
+    if ci_build["fast"]:
+        pytest.skip("needs the full no-cache build: unset BUILDER_TEST_FAST")
+
+
+def derived_image(name: str, base: str, run_lines: list[str], tmp: Path) -> str:
+    """A small image FROM `base` with extra RUN lines (pip behind the proxy gets the CA as a secret)."""
+    context = tmp / name
+    context.mkdir()
+    body = "".join(f"RUN --mount=type=secret,id=pip_cert,required=false "
+                   f"PIP_CERT=/run/secrets/pip_cert PIP_PROGRESS_BAR=off {line}\n" for line in run_lines)
+    (context / "Dockerfile").write_text(f"FROM {base}\n{body}")
+    ref = f"builder-test/{name}:latest"
+    argv = [DOCKER, "build", "--network=host", "-q", "-t", ref]
+    ca = os.environ.get("PIP_CERT") or os.environ.get("SSL_CERT_FILE")
+    if ca:
+        argv += ["--secret", f"id=pip_cert,src={ca}"]
+    proc = subprocess.run(argv + [str(context)], capture_output=True, text=True, env=dict(os.environ, DOCKER_BUILDKIT="1"),
+                          timeout=1200)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return ref
+
+
+def build_small(tmp_path, name: str, dockerfile: str, no_cache: bool = False) -> str:
+    """A small image from the local debian:bookworm-slim, built with BuildKit like the real ones."""
+    context = tmp_path / name
+    context.mkdir(exist_ok=True)
+    (context / "Dockerfile").write_text(dockerfile)
+    ref = f"builder-test/{name}:latest"
+    argv = [DOCKER, "build", "-q", "-t", ref] + (["--no-cache"] if no_cache else []) + [str(context)]
+    proc = subprocess.run(argv, env={"DOCKER_BUILDKIT": "1", "PATH": "/usr/bin:/bin"}, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return ref
+
+
+
+

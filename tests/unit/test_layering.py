@@ -1,0 +1,104 @@
+"""Imports point one way: CLI → steps → model/boundary; smoke/ stands alone (it runs inside images).
+
+The few step → step edges are listed with their reason; a new one fails here until it is argued for.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+# Edges between step modules that are part of the design, each with why.
+ALLOWED_STEP_EDGES = {
+    ("build", "lock"): "build refuses inputs whose locks do not match the matrix (lock's public check)",
+    ("lock", "resolve"): "lock is resolve's resolution, with hashes",
+    ("render", "readme"): "the README tag table is part of render's output",
+    ("verify", "smoke"): "verify re-runs the same gate on a pulled image",
+    ("repro", "manifest"): "repro compares the manifests of two images",
+    ("diff", "manifest"): "diff compares the manifests of two images",
+}
+
+
+def imports_of(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def modules(folder: str) -> list[Path]:
+    return sorted(p for p in (ROOT / folder).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+@pytest.mark.parametrize("path", modules("builder"), ids=rel)
+def test_nothing_below_the_cli_imports_it(path):
+    if rel(path) in ("builder/cli.py", "builder/__main__.py"):
+        return
+    assert not {i for i in imports_of(path) if i == "builder.cli" or i.startswith("builder.cli.")}, \
+        f"{rel(path)} imports the CLI: pass what it needs as options instead"
+
+
+@pytest.mark.parametrize("path", modules("builder"), ids=rel)
+def test_argparse_stops_at_the_cli(path):
+    if rel(path) == "builder/cli.py":
+        return
+    assert "argparse" not in imports_of(path), f"{rel(path)} imports argparse: take a frozen Options dataclass"
+
+
+@pytest.mark.parametrize("path", modules("builder/model"), ids=rel)
+def test_model_is_pure(path):
+    bad = {i for i in imports_of(path) if i.startswith(("builder.steps", "builder.boundary", "builder.runner",
+                                                           "builder.reports", "docker", "subprocess"))}
+    assert not bad, f"{rel(path)} (the pure model) imports {sorted(bad)}"
+
+
+@pytest.mark.parametrize("path", modules("builder/boundary"), ids=rel)
+def test_boundary_does_not_know_the_steps(path):
+    bad = {i for i in imports_of(path) if i.startswith(("builder.steps.", "builder.runner", "builder.reports"))}
+    assert not bad, f"{rel(path)} (the Docker/registry boundary) imports {sorted(bad)}"
+
+
+@pytest.mark.parametrize("path", modules("builder/steps"), ids=rel)
+def test_steps_do_not_reach_into_each_other(path):
+    me = path.stem
+    others = {i.split(".")[2] for i in imports_of(path) if i.startswith("builder.steps.") and len(i.split(".")) > 2}
+    others -= {me, "Done"}
+    unexplained = {o for o in others if (me, o) not in ALLOWED_STEP_EDGES}
+    assert not unexplained, f"{rel(path)} imports step module(s) {sorted(unexplained)}: share through builder/model or "\
+                            "builder/boundary, or read the artifact that step wrote"
+
+
+@pytest.mark.parametrize("path", modules("smoke"), ids=rel)
+def test_smoke_imports_nothing_of_builder(path):
+    bad = {i for i in imports_of(path) if i == "builder" or i.startswith("builder.")}
+    assert not bad, f"{rel(path)} runs inside images, where builder/ is not: it imports {sorted(bad)}"
+
+
+def test_every_registered_step_has_the_shape():
+    import dataclasses
+    import importlib
+
+    from builder.steps import STEPS, TOOLS
+
+    for name, path in {**STEPS, **TOOLS}.items():
+        module = importlib.import_module(path)
+        assert module.NAME == name, path
+        assert dataclasses.is_dataclass(module.Options) and module.Options.__dataclass_params__.frozen, path
+        for attr in ("HELP", "add_arguments"):
+            assert hasattr(module, attr), f"{path} lacks {attr}"
+        kind = ("prepare", "run", "DEFAULT_ALL") if name in STEPS else ("main", "NEEDS_MATRIX")
+        for attr in kind:
+            assert hasattr(module, attr), f"{path} lacks {attr}"
