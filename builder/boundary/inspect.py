@@ -4,11 +4,15 @@ it should be and not replaced by a later install, `pip check` clean. Runs a stdl
 
 from __future__ import annotations
 
+import io
 import json
+import tarfile
 
 from builder.boundary import engine
+from builder.errors import StepFailed
 
 IN_IMAGE_SCRIPT = "/opt/train-image/smoke/installed.py"
+FACTS = "/opt/train-image/image.json"
 
 
 def installed(image: str) -> dict:
@@ -46,3 +50,31 @@ def problems(facts: dict, found: dict) -> list[str]:
     if not found.get("python", "").startswith(facts["python"] + "."):
         out.append(f"Python is {found.get('python')}, the entry says {facts['python']}")
     return out
+
+
+INVENTORY_SCRIPT = "/opt/train-image/smoke/inventory.py"
+
+
+def inventory(image: str) -> dict:
+    """Every Python and OS package in the image, with a content hash each (smoke/inventory.py)."""
+    code, logs = engine.run_container(image, ["python", INVENTORY_SCRIPT], timeout=300)
+    for line in logs.splitlines():
+        if line.startswith("INVENTORY-JSON "):
+            return json.loads(line[len("INVENTORY-JSON "):])
+    raise StepFailed(f"could not list the packages of {image}: exit {code}: {logs.strip()[-300:]}")
+
+
+def read_facts(image) -> dict:
+    """The image's facts file, copied out of a created (never started) container: works without a shell."""
+    container = engine.sdk().containers.create(image.id, command=["true"], network_disabled=True)
+    try:
+        stream, _ = container.get_archive(FACTS)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            member = tar.getmembers()[0]
+            return json.loads(tar.extractfile(member).read())
+    except Exception as exc:  # noqa: BLE001 - NotFound, bad tar, bad JSON: one answer for the user
+        name = image.tags[0] if image.tags else image.id[:19]
+        raise StepFailed(f"{name} has no readable {FACTS} ({type(exc).__name__})",
+                         "this is not a train-images image, or it was built incorrectly") from None
+    finally:
+        container.remove(force=True)

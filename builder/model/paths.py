@@ -16,6 +16,7 @@ DOCKERFILES = Path("dockerfiles")
 SMOKE_DIR = Path("smoke")
 CONTEXT_ROOT = Path("build/context")
 MANIFEST_CACHE = Path("build/manifests")
+ATTEST_DIR = Path("build/attest")  # SBOM and provenance of each published tag, for signing in CI
 REPRO_SUFFIX = "-repro"
 
 

@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
+import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -32,10 +35,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from builder import log, reports
-from builder.boundary import engine, registry
+from builder import fsutil, log, reports
+from builder.boundary import engine, inspect, registry
 from builder.errors import StepFailed, UserError
-from builder.model import paths, plan
+from builder.model import attestations, paths, plan
 from builder.steps import Done
 
 MAX_TAG = 128
@@ -289,6 +292,7 @@ def publish_one(entry, args: Options, config: Path | None) -> dict:
         raise StepFailed(f"{repo.ref}:{full}: the registry serves {served}, the push reported {pushed}, the local "
                          f"image records {sorted(local) or 'none'}",
                          "the alias was not moved; investigate the registry")
+    attached = attest(entry, repo, served, image, smoke, config, args.retries)
     _after_full_push(repo, served)
     tag_image(config, image.id, f"{repo.ref}:{entry.tag}")
     alias_pushed = retrying(f"push {repo.ref}:{entry.tag}", lambda: push(config, f"{repo.ref}:{entry.tag}", repo.host),
@@ -297,11 +301,54 @@ def publish_one(entry, args: Options, config: Path | None) -> dict:
     if not alias_pushed == alias_served == served:
         raise StepFailed(f"{repo.ref}:{entry.tag} points at {alias_served}, expected {served}",
                          "publish again; the full tag is correct")
-    report = {**planned, "result": "published", "digest": served, "size_bytes": image.attrs.get("Size"),
+    report = {**planned, "result": "published", "digest": served, "attestations": attached,
+              "size_bytes": image.attrs.get("Size"),
               "pull": f"{repo.ref}@{served}", "push_seconds": round(time.monotonic() - started, 1),
               "published_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
     reports.write(entry.tag, "publish", report)
     return report
+
+
+def attest(entry, repo, digest: str, image, smoke: dict, config, tries: int) -> dict:
+    """SBOM and provenance for the pushed digest, stored beside it as OCI referrers (before the alias moves,
+    so the alias never names an image without them); copies in build/attest/<tag>/ for signing in CI."""
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    inventory = inspect.inventory(image.id)
+    build = reports.read(entry.tag, "build", required=False) or {}
+    if build.get("image_id") != image.id:
+        build = {}  # the build report is of another image: claim nothing from it
+    facts = inspect.read_facts(image)  # what the image says it is, not what the checkout says now
+    locks = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(paths.tag_dir(entry).glob("*.lock"))}
+    labels = image.labels or {}
+    source = {"uri": labels.get("org.opencontainers.image.source", ""),
+              "revision": labels.get("org.opencontainers.image.revision", "unknown")}
+    docs = {
+        attestations.SBOM_TYPE: attestations.sbom(entry.tag, repo.ref, digest, inventory, now),
+        attestations.PROVENANCE_TYPE: attestations.provenance(
+            repository=repo.ref, digest=digest, entry=facts, locks=locks, source=source, build=build, gate=smoke,
+            builder_id=builder_identity(), started=smoke.get("finished_at"), finished=now),
+    }
+    subject = retrying(f"read back {repo.ref}@{digest}", lambda: registry.descriptor(repo, digest, config), tries)
+    out_dir = paths.ATTEST_DIR / entry.tag
+    stored = {}
+    for kind, doc in docs.items():
+        payload = json.dumps(doc, sort_keys=True, indent=1).encode()
+        name = "sbom.spdx.json" if kind == attestations.SBOM_TYPE else "provenance.intoto.json"
+        fsutil.write_atomic(out_dir / name, payload.decode())
+        stored[name] = retrying(f"attach {name} to {repo.ref}@{digest[:19]}", lambda p=payload, k=kind:
+                                registry.push_referrer(repo, subject, k, p, {"org.opencontainers.image.created": now},
+                                                       config), tries)
+    log.info(f"  attached {', '.join(stored)} to {repo.ref}@{digest}")
+    return stored
+
+
+def builder_identity() -> str:
+    """Who ran the build: the GitHub Actions run when there is one, else this machine (not CI)."""
+    env = os.environ
+    if env.get("GITHUB_RUN_ID"):
+        return f"{env.get('GITHUB_SERVER_URL', 'https://github.com')}/{env.get('GITHUB_REPOSITORY')}/actions/runs/" \
+               f"{env['GITHUB_RUN_ID']}"
+    return f"local:{socket.gethostname()} (not CI)"
 
 
 def run(entry, options: Options) -> Done:

@@ -8,19 +8,19 @@ Without a usable GPU the gate runs in CPU mode and the verdict says plainly that
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
 import subprocess
-import tarfile
 from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
 from builder import fsutil, log
-from builder.boundary import engine
+from builder.boundary import engine, inspect, registry
 from builder.errors import EnvironmentProblem, StepFailed, UserError
+from builder.model import attestations
+from builder.steps import smoke
 
 FACTS = "/opt/train-image/image.json"
 MIN_SHM_MB = 1024  # below this, NCCL and DataLoader workers fail when containers share the host's /dev/shm
@@ -63,22 +63,6 @@ def ensure_image(ref: str, pull: bool):
     if image is None:
         raise UserError(f"image {ref} is not here", "drop --no-pull, or `docker pull` it first")
     return image
-
-
-def read_facts(image) -> dict:
-    """The image's facts file, copied out of a created (never started) container: works without a shell."""
-    container = engine.sdk().containers.create(image.id, command=["true"], network_disabled=True)
-    try:
-        stream, _ = container.get_archive(FACTS)
-        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
-            member = tar.getmembers()[0]
-            return json.loads(tar.extractfile(member).read())
-    except Exception as exc:  # noqa: BLE001 - NotFound, bad tar, bad JSON: one answer for the user
-        name = image.tags[0] if image.tags else image.id[:19]
-        raise StepFailed(f"{name} has no readable {FACTS} ({type(exc).__name__})",
-                         "this is not a train-images image, or it was built incorrectly") from None
-    finally:
-        container.remove(force=True)
 
 
 # --- the host ------------------------------------------------------------------------------------------
@@ -165,6 +149,39 @@ def host_checks(facts: dict, info: dict, gpus: list[dict], source: str, force_cp
 # --- verdict -------------------------------------------------------------------------------------------
 
 
+def registry_reference(ref: str, image) -> tuple[registry.Repository, str] | None:
+    """(repository, digest) of a reference that names a registry host (host.tld/…, host:port/…, localhost/…),
+    with the digest taken from the reference or the pulled image's RepoDigests; None for anything else."""
+    name = ref.split("@", 1)[0]
+    host, _, rest = name.partition("/")
+    if not rest or not ("." in host or ":" in host or host == "localhost"):
+        return None
+    path = rest.rsplit(":", 1)[0] if ":" in rest.rsplit("/", 1)[-1] else rest
+    pulled = [d.split("@", 1) for d in image.attrs.get("RepoDigests", [])]
+    digest = ref.split("@", 1)[1] if "@" in ref else next((d for n, d in pulled if n == f"{host}/{path}"), None)
+    return (registry.Repository(host, path), digest) if digest else None
+
+
+def attestations_of(ref: str, image) -> dict:
+    """The SBOM and provenance stored beside the image's digest (OCI referrers), read and summarised."""
+    where = registry_reference(ref, image)
+    if where is None:
+        return {"sbom": None, "provenance": None, "problem": None,
+                "lines": ["attestations: not looked up (give a registry reference, e.g. host/name@sha256:…)"]}
+    repo, digest = where
+    found = {}
+    for descriptor in registry.referrers(repo, digest):
+        kind = descriptor.get("artifactType")
+        if kind in (attestations.SBOM_TYPE, attestations.PROVENANCE_TYPE) and kind not in found:
+            payload = registry.referrer_payload(repo, descriptor, digest)
+            if payload is not None:
+                found[kind] = json.loads(payload)
+    sbom, statement = found.get(attestations.SBOM_TYPE), found.get(attestations.PROVENANCE_TYPE)
+    lines = attestations.summary(sbom, statement, digest)
+    problem = next((line for line in lines if "NOT for this digest" in line), None)
+    return {"sbom": sbom is not None, "provenance": statement is not None, "problem": problem, "lines": lines}
+
+
 def verdict(image_ref: str, rows: list, gate: dict, use_gpus: bool, why_cpu: str) -> tuple[bool, list[str]]:
     failed = [r for r in rows if r[1] is False]
     checks = gate.get("checks") or []
@@ -186,7 +203,7 @@ def main(args: Options, m=None) -> int:
     engine.sdk()  # no engine: EnvironmentProblem with how to start one
     with log.step(f"image {args.image}") as note:
         image = ensure_image(args.image, pull=not args.no_pull)
-        facts = read_facts(image)
+        facts = inspect.read_facts(image)
         note["result"] = f"{facts.get('tag')}: torch {facts.get('pins', {}).get('torch')}, CUDA {facts.get('cuda')}"
     with log.step("host") as note:
         gpus, source = host_gpus()
@@ -194,8 +211,9 @@ def main(args: Options, m=None) -> int:
         note["result"] = f"{len(gpus)} GPU(s), gate in {'GPU' if use_gpus else 'CPU'} mode"
     why_cpu = ("--cpu was given" if args.cpu else "no usable GPU here" if not gpus
                else "the host checks above failed")
-    from builder import smoke  # the lead's gate runner; imported late so `verify --help` needs no engine
-
+    with log.step(f"attestations of {args.image}") as note:
+        attested = attestations_of(args.image, image)
+        note["result"] = attested["lines"][0] if attested["lines"] else "—"
     with log.step(f"smoke gate in {args.image} ({'GPU' if use_gpus else 'CPU'})") as note:
         gate = smoke.run_gate(image.id, gpus=use_gpus, timeout=args.timeout, shm_size=args.shm_size)
         note["result"] = "passed" if gate.get("passed") else "FAILED"
@@ -204,12 +222,16 @@ def main(args: Options, m=None) -> int:
               for c in gate.get("checks") or []]
     log.summary(f"verify {args.image}", ("check", "ok", "detail"), table)
     ok, lines = verdict(args.image, rows, gate, use_gpus, why_cpu)
+    lines += [f"  {line}" for line in attested["lines"]]
+    if attested["problem"]:
+        ok = False
+        lines[0] = lines[0].replace("✓ PASS", "✕ FAIL")
     for line in lines:
         print(line)
     if args.json:
         fsutil.write_json(args.json, {"image": args.image, "image_id": image.id, "passed": ok, "gpu_mode": use_gpus,
                                       "host": [dict(zip(("check", "ok", "detail", "fix"), r)) for r in rows],
-                                      "gate": gate, "verdict": lines})
+                                      "gate": gate, "attestations": attested, "verdict": lines})
     if not ok:
         raise StepFailed(f"{args.image} did not verify on this host", "see the lines above for what to do")
     return 0

@@ -72,7 +72,8 @@ class Registry:
 
     def digest(self, name: str, reference: str, user: str | None = None) -> str | None:
         """What the registry serves for name:reference (None on 404), read without our own client code."""
-        accept = "application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json"
+        accept = ("application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json, "
+                  "application/vnd.oci.image.index.v1+json")
         req = urllib.request.Request(f"http://{self.host}/v2/{name}/manifests/{reference}", method="HEAD",
                                      headers={"Accept": accept})
         if user:

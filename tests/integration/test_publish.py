@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import subprocess
 import sys
 import uuid
@@ -17,8 +18,8 @@ import pytest
 
 from builder import reports
 from builder.boundary import engine
-from builder.model import paths
-from builder.steps import publish
+from builder.model import matrix, paths
+from builder.steps import publish, render
 from tests.conftest import ROOT, run_cli
 from tests.integration import registry_fixture
 
@@ -31,17 +32,39 @@ def docker(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run([engine.client().binary, *argv], capture_output=True, text=True, check=check, timeout=600)
 
 
+PYBASE = "builder-test/pybase:latest"
+
+
+@pytest.fixture(scope="session")
+def pybase(require_docker, tmp_path_factory):
+    """Debian with python3 and smoke/: the least an image needs for publish to list its packages (SBOM)."""
+    ctx = tmp_path_factory.mktemp("pybase")
+    (ctx / "Dockerfile").write_text("FROM debian:bookworm-slim\nRUN apt-get update -qq && apt-get install -y -qq "
+                                    "--no-install-recommends python3 >/dev/null && ln -s /usr/bin/python3 "
+                                    "/usr/local/bin/python && rm -rf /var/lib/apt/lists/*\n")
+    subprocess.run([engine.client().binary, "build", "-q", "--network=host", "-t", PYBASE, str(ctx)], check=True,
+                   capture_output=True, timeout=900, env={"DOCKER_BUILDKIT": "1", "PATH": "/usr/bin:/bin"})
+    return PYBASE
+
+
 @pytest.fixture
-def images():
+def images(pybase):
     """Build tiny images on demand; remove them (every tag) afterwards."""
     made: list[str] = []
 
-    def make(tmp_dir, ref: str = LOCAL) -> str:
+    def make(tmp_dir, ref: str = LOCAL, substituted: str | None = "false") -> str:
         marker = uuid.uuid4().hex
         ctx = tmp_dir / f"ctx-{marker[:8]}"
         ctx.mkdir()
         (ctx / "hello.txt").write_text(marker + "\n")
-        (ctx / "Dockerfile").write_text(f"FROM scratch\nCOPY hello.txt /\nLABEL io.train-images.test={marker}\n")
+        # The label `build` sets on every image it makes; publish refuses an image without it.
+        label = f"LABEL io.train-images.base.substituted={substituted}\n" if substituted else ""
+        shutil.copytree(ROOT / "smoke", ctx / "smoke", ignore=shutil.ignore_patterns("__pycache__"))
+        entry = matrix.load(tmp_dir / "matrix.yaml").by_tag()[TAG]
+        (ctx / "image.json").write_text(json.dumps(render.facts(entry)))
+        (ctx / "Dockerfile").write_text(f"FROM {pybase}\nCOPY smoke/ /opt/train-image/smoke/\n"
+                                        "COPY image.json /opt/train-image/image.json\nCOPY hello.txt /\n"
+                                        f"LABEL io.train-images.test={marker}\n{label}")
         docker("build", "-q", "-t", ref, str(ctx))
         image_id = docker("image", "inspect", "--format", "{{.Id}}", ref).stdout.strip()
         made.append(image_id)
@@ -70,9 +93,14 @@ def no_ambient_credentials(tmp_path, monkeypatch):
     monkeypatch.setattr(publish, "BACKOFF_S", 0.05)
 
 
-def passing_smoke(image_id: str, tag: str = TAG) -> None:
-    reports.write(tag, "smoke", {"passed": True, "image_id": image_id, "mode": "cpu",
-                                 "finished_at": "2026-12-02T00:00:00Z", "checks": []})
+GPU_LEVEL = {"kind": "gpu", "gpu_model": "NVIDIA H100 80GB HBM3", "gpu_count": 8, "driver": "580.82.07"}
+CPU_LEVEL = {"kind": "cpu", "gpu_model": None, "gpu_count": 0, "driver": None}
+
+
+def passing_smoke(image_id: str, tag: str = TAG, level: dict = GPU_LEVEL) -> None:
+    """The smoke report publish reads (publish's input; the gate itself is tested in test_smoke_e2e)."""
+    reports.write(tag, "smoke", {"image": LOCAL, "passed": True, "image_id": image_id, "mode": level["kind"],
+                                 "level": level, "finished_at": "2026-12-02T00:00:00Z", "checks": []})
 
 
 # --- the happy path ------------------------------------------------------------------------------------
@@ -96,6 +124,43 @@ def test_publish_then_pull_back_by_digest_and_alias(project, registry, images, c
     docker("rmi", "-f", image_id)
     docker("pull", f"{repo}:{TAG}")
     assert docker("image", "inspect", "--format", "{{.Id}}", f"{repo}:{TAG}").stdout.strip() == image_id
+
+
+def test_sbom_and_provenance_are_stored_beside_the_digest(project, registry, images):
+    """Registry 2.8 has no referrers API: the artifacts land under the fallback tag sha256-<hex>, and verify
+    finds them there, checks they name this digest, and says who built it, from what, behind which gate."""
+    from builder.boundary import registry as reg
+    from builder.model import attestations
+    from builder.steps import verify
+
+    image_id = images(project)
+    passing_smoke(image_id)
+    assert run_cli("publish", TAG, "--registry", registry.host, "--date", "20261202", "--revision", "abc1234") == 0
+    report = reports.read(TAG, "publish")
+    digest = report["digest"]
+    assert set(report["attestations"]) == {"sbom.spdx.json", "provenance.intoto.json"}
+    assert registry.digest("train", digest.replace(":", "-")) is not None  # the fallback index exists
+    repo = reg.Repository(registry.host, "train")
+    kinds = {d["artifactType"]: d for d in reg.referrers(repo, digest)}
+    assert set(kinds) == {attestations.SBOM_TYPE, attestations.PROVENANCE_TYPE}
+    sbom = json.loads(reg.referrer_payload(repo, kinds[attestations.SBOM_TYPE], digest))
+    python3 = next(p for p in sbom["packages"] if p["name"] == "python3")
+    assert python3["versionInfo"] and len(python3["checksums"][0]["checksumValue"]) == 64
+    statement = json.loads(reg.referrer_payload(repo, kinds[attestations.PROVENANCE_TYPE], digest))
+    assert statement["subject"][0]["digest"]["sha256"] == digest.split(":", 1)[1]
+    gate = statement["predicate"]["runDetails"]["byproducts"][0]["annotations"]
+    assert gate["passed"] is True and gate["level"]["kind"] == "gpu" and gate["image_id"] == image_id
+    # Pulled by digest on another host: verify reads them back and binds them to that digest.
+    docker("rmi", "-f", image_id)
+    pulled = f"{registry.host}/train@{digest}"
+    docker("pull", pulled)
+    found = verify.attestations_of(pulled, engine.sdk().images.get(pulled))
+    assert found["sbom"] and found["provenance"] and found["problem"] is None
+    text = "\n".join(found["lines"])
+    assert "bound to this digest" in text and "gate: passed on GPU: 8 × NVIDIA H100 80GB HBM3" in text
+    # An artifact for another digest listed under this digest's tag is not believed.
+    other = reg.descriptor(repo, report["full_tag"])
+    assert reg.referrer_payload(repo, kinds[attestations.SBOM_TYPE], "sha256:" + "0" * 64) is None and other
 
 
 def test_republishing_the_same_image_is_idempotent(project, registry, images):
@@ -138,7 +203,8 @@ def test_refused_without_smoke_report(project, registry, images, capsys):
 
 def test_refused_when_smoke_failed(project, registry, images, capsys):
     image_id = images(project)
-    reports.write(TAG, "smoke", {"passed": False, "image_id": image_id, "finished_at": "2026-12-02T00:00:00Z"})
+    reports.write(TAG, "smoke", {"image": LOCAL, "passed": False, "image_id": image_id, "mode": "gpu",
+                                 "finished_at": "2026-12-02T00:00:00Z", "checks": [{"name": "nccl", "passed": False}]})
     assert run_cli("publish", TAG, "--registry", registry.host) == 1
     assert "the smoke gate did not pass" in capsys.readouterr().err
     assert registry.digest("train", TAG) is None
@@ -158,6 +224,45 @@ def test_refused_without_local_image(project, registry, capsys):
     docker("rmi", "-f", LOCAL, check=False)
     assert run_cli("publish", TAG, "--registry", registry.host) == 2
     assert f"there is no local image {LOCAL}" in capsys.readouterr().err
+
+
+def test_cpu_gate_refused_for_a_gpu_entry(project, registry, images, capsys):
+    passing_smoke(images(project), level=CPU_LEVEL)
+    assert run_cli("publish", TAG, "--registry", registry.host) == 1
+    err = capsys.readouterr().err
+    assert "runs on GPU runners, but its gate ran on CPU only" in err and "--allow-cpu-gate" in err
+    assert registry.digest("train", TAG) is None
+
+
+def test_cpu_gate_allowed_explicitly_and_recorded(project, registry, images):
+    passing_smoke(images(project), level=CPU_LEVEL)
+    assert run_cli("publish", TAG, "--registry", registry.host, "--allow-cpu-gate") == 0
+    report = reports.read(TAG, "publish")
+    assert report["exceptions"] == ["cpu-gate"] and report["gate"]["kind"] == "cpu"
+    assert registry.digest("train", TAG) == report["digest"]
+
+
+def test_gpu_gate_level_is_recorded(project, registry, images):
+    passing_smoke(images(project))
+    assert run_cli("publish", TAG, "--registry", registry.host) == 0
+    report = reports.read(TAG, "publish")
+    assert report["gate"] == GPU_LEVEL and report["exceptions"] == []
+
+
+def test_substituted_base_refused_unless_allowed(project, registry, images, capsys):
+    passing_smoke(images(project, substituted="true"))
+    assert run_cli("publish", TAG, "--registry", registry.host) == 1
+    assert "built on a substituted base" in capsys.readouterr().err
+    assert registry.digest("train", TAG) is None
+    assert run_cli("publish", TAG, "--registry", registry.host, "--allow-substituted-base") == 0
+    assert reports.read(TAG, "publish")["exceptions"] == ["substituted-base"]
+
+
+def test_an_image_this_builder_did_not_build_is_refused(project, registry, images, capsys):
+    passing_smoke(images(project, substituted=None))
+    assert run_cli("publish", TAG, "--registry", registry.host) == 1
+    assert "this builder did not build it" in capsys.readouterr().err
+    assert registry.digest("train", TAG) is None
 
 
 # --- credentials ---------------------------------------------------------------------------------------
@@ -258,8 +363,12 @@ def test_publish_real_ci_image(registry, tmp_path, monkeypatch):
     copy.mkdir()
     (copy / f"{CI_TAG}.smoke.json").write_text(paths.report(CI_TAG, "smoke").read_text())
     monkeypatch.setenv("BUILDER_REPORTS", str(copy))
-    assert run_cli("publish", CI_TAG, "--registry", registry.host) == 0
+    # Our CI builds on a debootstrapped copy of the base (no registry reachable): an explicit exception.
+    assert run_cli("publish", CI_TAG, "--registry", registry.host) == 1
+    assert run_cli("publish", CI_TAG, "--registry", registry.host, "--allow-substituted-base") == 0
     report = reports.read(CI_TAG, "publish")
+    assert report["exceptions"] == ["substituted-base"] and report["gate"]["kind"] == "cpu"
+    assert reports.problems("publish", report) == []
     assert report["full_tag"].startswith(f"{CI_TAG}-torch2.13.0-tf5.24.0-ds0.19.8-peft0.21.2-acc1.16.0-nvml13.615.71-")
     assert registry.digest("train", CI_TAG) == report["digest"] == registry.digest("train", report["full_tag"])
     pulled = f"{registry.host}/train@{report['digest']}"
@@ -272,6 +381,7 @@ def test_publish_real_ci_image(registry, tmp_path, monkeypatch):
     assert run_cli("verify", pulled, "--json", str(verdict)) == 0
     result = json.loads(verdict.read_text())
     assert result["passed"] and result["image_id"] == current
+    assert result["attestations"]["sbom"] and result["attestations"]["provenance"], result["attestations"]
     if not result["gpu_mode"]:
         assert any("GPU checks" in line and "NOT run" in line for line in result["verdict"])
     for ref in (f"{registry.host}/train:{CI_TAG}", f"{registry.host}/train:{report['full_tag']}"):
