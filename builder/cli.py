@@ -58,8 +58,28 @@ def cmd_list(args, m: matrix.Matrix) -> int:
 
 
 def cmd_matrix(args, m: matrix.Matrix) -> int:
-    print(json.dumps(plan.github_matrix(select(args, m)), sort_keys=True))
+    entries = select(args, m)
+    if args.runner:
+        entries = [e for e in entries if plan.needs_gpu_gate(e) == (args.runner == "gpu")]
+    if args.changed_against:
+        entries = [e for e in entries if not _published_and_current(e, args.changed_against)]
+    print(json.dumps(plan.github_matrix(entries), sort_keys=True))
     return 0
+
+
+def _published_and_current(entry: matrix.Entry, where: str) -> bool:
+    """Is the entry's alias in the registry an image of exactly these inputs? Unknown counts as no."""
+    from builder.boundary import buildkit, registry
+
+    repo = registry.repository(where, entry.image)
+    try:
+        labels = registry.config_labels(repo, entry.tag) or {}
+    except BuilderError as exc:
+        log.info(f"{entry.tag}: cannot read {repo.ref}:{entry.tag} ({exc.message}): planned for a rebuild")
+        return False
+    current = labels.get(f"{buildkit.LABEL_PREFIX}.input-hash") == buildkit.planned_input_hash(entry)
+    log.info(f"{entry.tag}: {'published image is current: skipped' if current else 'inputs changed: planned'}")
+    return current
 
 
 def run_step(module, args, m: matrix.Matrix) -> int:
@@ -99,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     verb("list", "table of the matrix entries", tags=True).set_defaults(handler=cmd_list, needs_matrix=True)
     p = verb("matrix", "the GitHub Actions strategy.matrix JSON", tags=True)
     p.add_argument("--format", choices=["github"], default="github")
+    p.add_argument("--runner", choices=["gpu", "hosted"], help="only entries gated on GPU runners, or on hosted ones")
+    p.add_argument("--changed-against", metavar="REGISTRY",
+                   help="leave out entries whose published alias there was built from exactly these inputs")
     p.set_defaults(handler=cmd_matrix, needs_matrix=True)
     for name, path in STEPS.items():
         module = importlib.import_module(path)

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 
 import builder
-from builder import reports
+from builder import log, reports
 from builder.boundary import buildkit, engine, inspect
 from builder.errors import EnvironmentProblem, StepFailed
 from builder.model import paths
@@ -31,11 +31,14 @@ class Options:
     base_image: str | None = None
     apt_mirror: str | None = None
     ca_bundle: str | None = None
+    cache_ref: str | None = None
 
 
 def add_arguments(p) -> None:
     p.add_argument("--force", action="store_true", help="build even when this builder already built these inputs")
     p.add_argument("--no-cache", action="store_true", help="no BuildKit layer cache (downloads stay cached)")
+    p.add_argument("--cache-ref", metavar="REF",
+                   help="registry build cache (e.g. ghcr.io/acme/train-cache:TAG); used where docker has buildx")
     add_base_arguments(p)
 
 
@@ -52,7 +55,8 @@ def add_base_arguments(p) -> None:
 
 def prepare(entries: list[Entry], options: Options) -> None:
     engine.sdk()  # fail once, before any tag, when no engine answers
-    engine.client()
+    if options.cache_ref and engine.client().mode != "buildx":
+        log.info(f"warning: --cache-ref {options.cache_ref} is not used: {engine.client().binary} has no buildx")
 
 
 def _skippable(entry: Entry, digest: str) -> dict | None:
@@ -73,7 +77,8 @@ def run(entry: Entry, options: Options) -> Done:
     lock.require_complete(entry, paths.tag_dir(entry))
     context = buildkit.stage_context(entry)
     spec = buildkit.spec(entry, context=context, ref=paths.image_ref(entry), base_image=options.base_image,
-                         local_base=options.local_base, apt_mirror=options.apt_mirror, no_cache=options.no_cache)
+                         local_base=options.local_base, apt_mirror=options.apt_mirror, no_cache=options.no_cache,
+                         cache_ref=options.cache_ref)
     digest = buildkit.input_hash(spec)
     previous = None if options.force else _skippable(entry, digest)
     if previous:
