@@ -82,6 +82,19 @@ def _published_and_current(entry: matrix.Entry, where: str) -> bool:
     return current
 
 
+def cmd_compat(args, m: matrix.Matrix) -> int:
+    """Every rule checked for the entries, with outcome and evidence, and the facts derived from them."""
+    from builder.model import explain
+
+    entries = select(args, m)
+    print("\n\n".join(explain.report(e) for e in entries))
+    broken = [e.tag for e in entries if compat.check(e)]
+    if broken:
+        raise UserError(f"{', '.join(broken)} break(s) compatibility rules (table above)",
+                        "change the entry or, if a rule is wrong, fix compat.yaml with a source")
+    return 0
+
+
 def run_step(module, args, m: matrix.Matrix) -> int:
     entries = select(args, m, default_all=module.DEFAULT_ALL)
     compat.require(entries)
@@ -123,6 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--changed-against", metavar="REGISTRY",
                    help="leave out entries whose published alias there was built from exactly these inputs")
     p.set_defaults(handler=cmd_matrix, needs_matrix=True)
+    verb("compat", "explain the compatibility rules for entries: outcome, evidence, derived facts",
+         tags=True).set_defaults(handler=cmd_compat, needs_matrix=True)
     for name, path in STEPS.items():
         module = importlib.import_module(path)
         p = verb(name, module.HELP, tags=True)

@@ -1,8 +1,15 @@
 """Apply the compatibility rules in data/compat.yaml to matrix entries (step 2 of the pipeline).
 
-The knowledge lives in the YAML; this module only knows the *kinds* of rule. `check` returns every
-violation (rule id, reason, source); `derive` returns the facts other steps need (minimum driver,
-cxx11 ABI, flash-attn wheel URL).
+The knowledge lives in the YAML; this module only knows the *kinds* of rule:
+- table lookups: torch releases (CUDA builds, Python range, C++ ABI per build), CUDA driver floors;
+- the base image: the recipe (which Python the base ships) and the CUDA compiler a devel base carries;
+- the flash-attn wheel matrix: is there a prebuilt wheel, and was it compiled against a torch build
+  with the same C++ ABI as the entry's;
+- `requires` / `forbids` constraints between pinned versions (the `packages:` minimums are the
+  `requires` kind written compactly).
+
+`evaluate` returns every rule checked with its outcome and source (for `compat --explain`); `check`
+returns only the violations; `derive` returns the facts other steps need (driver floors, ABI, wheel URL).
 """
 
 from __future__ import annotations
@@ -20,6 +27,9 @@ from builder.errors import CompatError
 from builder.model.matrix import Entry
 
 PYPI_HOSTS = ("pypi.org", "pypi.python.org", "files.pythonhosted.org")
+# Rules about this project's Dockerfile recipe (the image uses the base's own python3), not about
+# whether the software combination works; `check(entry, recipe=False)` leaves them out.
+RECIPE_RULES = ("base-os", "base-python")
 
 
 @dataclass(frozen=True)
@@ -32,6 +42,18 @@ class Violation:
     def render(self, entry: Entry) -> str:
         return (f"{entry.source}:{entry.line(self.field)}: entry '{entry.tag}', field '{self.field}': "
                 f"[{self.rule}] {self.reason} (source: {self.source})")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One rule checked against one entry. ok: True passed, False violated, None did not apply."""
+
+    rule: str
+    kind: str
+    field: str
+    ok: bool | None
+    reason: str
+    source: str
 
 
 @lru_cache(maxsize=1)
@@ -49,102 +71,243 @@ def _torch_facts(entry: Entry) -> dict | None:
     return rules()["torch"].get(minor(entry.torch))
 
 
+def torch_abi(torch_minor: str, cuda: str) -> bool:
+    """The C++11 ABI flag of torch `torch_minor` built for CUDA `cuda` (pip wheels)."""
+    facts = rules()["torch"][torch_minor]
+    return bool(facts.get("cxx11abi_builds", {}).get(cuda, facts["cxx11abi"]))
+
+
 def uses_pypi(entry: Entry) -> bool:
     return any(host in entry.index_url for host in PYPI_HOSTS)
 
 
-def check(entry: Entry) -> list[Violation]:
+def check(entry: Entry, recipe: bool = True) -> list[Violation]:
     """Every rule the entry breaks; empty when it is a supported combination."""
-    found: list[Violation] = []
+    return [Violation(o.rule, o.field, o.reason, o.source) for o in evaluate(entry, recipe) if o.ok is False]
+
+
+def evaluate(entry: Entry, recipe: bool = True) -> list[Outcome]:
+    """Every rule checked for the entry, in a stable order, with its outcome and source."""
     torch = _torch_facts(entry)
     if torch is None:
         known = ", ".join(rules()["torch"])
-        return [Violation("torch-known", "torch", f"torch {minor(entry.torch)} is not in the compatibility data "
-                          f"(known: {known}); add it to builder/data/compat.yaml with its source", "compat.yaml")]
-    src = torch["source"]
-    if entry.cuda not in rules()["cuda"]:
-        found.append(Violation("cuda-known", "cuda", f"CUDA {entry.cuda} is not in the compatibility data "
-                               f"(known: {', '.join(rules()['cuda'])})", "compat.yaml"))
-    if entry.cuda not in torch["cuda_builds"]:
-        found.append(Violation("torch-cuda", "cuda", f"torch {minor(entry.torch)} has no CUDA {entry.cuda} build "
-                               f"(builds: {', '.join(torch['cuda_builds'])})", src))
-    elif uses_pypi(entry) and entry.cuda != torch["pypi_cuda"]:
-        tag = "cu" + entry.cuda.replace(".", "")
-        found.append(Violation("torch-index", "index_url", f"PyPI serves torch {minor(entry.torch)} only as a CUDA "
-                               f"{torch['pypi_cuda']} build; for CUDA {entry.cuda} set index_url to "
-                               f"https://download.pytorch.org/whl/{tag}", src))
-    if Version(entry.python) not in SpecifierSet(torch["python"]):
-        found.append(Violation("torch-python", "python", f"torch {minor(entry.torch)} supports Python "
-                               f"{torch['python']}, not {entry.python}", src))
-    found += _check_base(entry, torch)
-    found += _check_flash_attn(entry, torch)
-    found += _check_package_minimums(entry)
+        return [Outcome("torch-known", "table", "torch", False, f"torch {minor(entry.torch)} is not in the "
+                        f"compatibility data (known: {known}); add it to builder/data/compat.yaml with its source",
+                        "compat.yaml")]
+    found = _check_torch(entry, torch)
+    found += _check_base(entry, recipe)
+    found += _check_flash_attn(entry)
+    found += [_constraint(entry, rule) for rule in constraint_rules()]
     return found
 
 
-def _check_base(entry: Entry, torch: dict) -> list[Violation]:
+def _check_torch(entry: Entry, torch: dict) -> list[Outcome]:
+    src, tm = torch["source"], minor(entry.torch)
+    out = [Outcome("torch-known", "table", "torch", True, f"torch {tm} is in the data", src)]
+    cuda_known = entry.cuda in rules()["cuda"]
+    out.append(Outcome("cuda-known", "table", "cuda", cuda_known,
+                       f"CUDA {entry.cuda} is in the data" if cuda_known else
+                       f"CUDA {entry.cuda} is not in the compatibility data (known: {', '.join(rules()['cuda'])})",
+                       rules()["cuda"].get(entry.cuda, {}).get("source", "compat.yaml")))
+    has_build = entry.cuda in torch["cuda_builds"]
+    out.append(Outcome("torch-cuda", "table", "cuda", has_build,
+                       f"torch {tm} has a CUDA {entry.cuda} build" if has_build else
+                       f"torch {tm} has no CUDA {entry.cuda} build (builds: {', '.join(torch['cuda_builds'])})", src))
+    if has_build and uses_pypi(entry):
+        ok = entry.cuda == torch["pypi_cuda"]
+        tag = "cu" + entry.cuda.replace(".", "")
+        out.append(Outcome("torch-index", "table", "index_url", ok,
+                           f"PyPI serves torch {tm} as the CUDA {entry.cuda} build" if ok else
+                           f"PyPI serves torch {tm} only as a CUDA {torch['pypi_cuda']} build; for CUDA "
+                           f"{entry.cuda} set index_url to https://download.pytorch.org/whl/{tag}", src))
+    else:
+        out.append(Outcome("torch-index", "table", "index_url", None, "index is not PyPI" if has_build else
+                           "no such build", src))
+    ok = Version(entry.python) in SpecifierSet(torch["python"])
+    out.append(Outcome("torch-python", "table", "python", ok,
+                       f"torch {tm} supports Python {torch['python']}" + ("" if ok else f", not {entry.python}"), src))
+    return out
+
+
+def _base_tag(entry: Entry) -> str:
+    return entry.base_name.split(":", 1)[1] if ":" in entry.base_name.rsplit("/", 1)[-1] else ""
+
+
+def _check_base(entry: Entry, recipe: bool) -> list[Outcome]:
     found = []
-    tag = entry.base_name.split(":", 1)[1] if ":" in entry.base_name.rsplit("/", 1)[-1] else ""
-    os_rule = next((r for r in rules()["base_os"] if r["match"] in tag), None)
-    if os_rule is None:
-        known = ", ".join(r["match"] for r in rules()["base_os"])
-        found.append(Violation("base-os", "base", f"cannot tell the OS of base '{entry.base_name}' (its tag must "
-                               f"name one of: {known})", "compat.yaml base_os"))
-    elif os_rule["python"] != entry.python:
-        found.append(Violation("base-python", "python", f"{os_rule['os']} ships Python {os_rule['python']}, and "
-                               f"the image uses the base's own Python; set python: \"{os_rule['python']}\" or "
-                               "choose another base", os_rule["source"]))
+    if recipe:
+        tag = _base_tag(entry)
+        os_rule = next((r for r in rules()["base_os"] if r["match"] in tag), None)
+        if os_rule is None:
+            known = ", ".join(r["match"] for r in rules()["base_os"])
+            found.append(Outcome("base-os", "recipe", "base", False, f"cannot tell the OS of base "
+                                 f"'{entry.base_name}' (its tag must name one of: {known})", "compat.yaml base_os"))
+        else:
+            ok = os_rule["python"] == entry.python
+            found.append(Outcome("base-os", "recipe", "base", True, f"base is {os_rule['os']}", os_rule["source"]))
+            found.append(Outcome("base-python", "recipe", "python", ok,
+                                 f"{os_rule['os']} ships Python {os_rule['python']}" + ("" if ok else
+                                 f", and the image uses the base's own Python; set python: \"{os_rule['python']}\" "
+                                 "or choose another base"), os_rule["source"]))
     cuda_rule = rules()["base_cuda"]
     m = re.match(cuda_rule["pattern"], entry.base_name)
-    if m:
-        if m.group("cuda") != entry.cuda:
-            found.append(Violation("base-cuda", "base", f"base carries CUDA {m.group('cuda')} but torch is the "
-                                   f"CUDA {entry.cuda} build; mixed CUDA libraries fail at load time "
-                                   "(libcudnn.so.8 class): use a CUDA "
-                                   f"{entry.cuda} base or a plain OS base", cuda_rule["source"]))
-        cudnn = m.group("cudnn")
-        if cudnn is not None and cudnn and int(cudnn) != torch["cudnn"]:
-            found.append(Violation("base-cudnn", "base", f"base carries cuDNN {cudnn} but torch "
-                                   f"{minor(entry.torch)} loads cuDNN {torch['cudnn']}", cuda_rule["source"]))
+    if m is None or m.group("flavor") not in cuda_rule["compiler_flavors"]:
+        what = "carries no CUDA compiler" if m else "is not an nvidia/cuda image"
+        found.append(Outcome("base-cuda-compiler", "base", "base", None, f"base {what}; torch's pip wheels bring "
+                             "their own CUDA runtime and cuDNN", cuda_rule["source"]))
+        return found
+    base_major, torch_major = Version(m.group("cuda")).major, Version(entry.cuda).major
+    ok = base_major == torch_major
+    found.append(Outcome("base-cuda-compiler", "base", "base", ok,
+                         f"the base's nvcc is CUDA {m.group('cuda')}, same major as torch's CUDA {entry.cuda}" if ok
+                         else f"the base's nvcc is CUDA {m.group('cuda')} but torch is a CUDA {entry.cuda} build: "
+                         "building extensions (DeepSpeed JIT ops, flash-attn from source) fails with 'The detected "
+                         "CUDA version mismatches the version that was used to compile PyTorch'; use a CUDA "
+                         f"{torch_major}.x devel base", cuda_rule["source"]))
     return found
 
 
-def _check_flash_attn(entry: Entry, torch: dict) -> list[Violation]:
+# --- flash-attn -----------------------------------------------------------------------------------------
+
+
+def flash_attn_builds(version: str, torch_minor: str) -> tuple[list[str], list[str] | None, str]:
+    """(torch CUDA builds with a wheel, CPython versions of those wheels or None for the release list, source)."""
+    data = rules()["flash_attn"]["releases"][version]
+    for extra in data.get("extra", []):
+        if extra["torch"] == torch_minor:
+            return extra["builds"], extra["python"], extra["source"]
+    return data["torch"].get(torch_minor, []), None, data["source"]
+
+
+def _wheel_pythons(data: dict, torch_minor: str, own: list[str] | None) -> list[str]:
+    if own is not None:
+        return own
+    excluded = {p for t, p in data.get("exclude", []) if t == torch_minor}
+    return [p for p in data["python"] if p not in excluded]
+
+
+def _check_flash_attn(entry: Entry) -> list[Outcome]:
     version = entry.pins.get("flash-attn")
+    ids = ("flash-attn-known", "flash-attn-torch", "flash-attn-cuda", "flash-attn-python", "flash-attn-abi")
     if version is None:
-        return []
+        return [Outcome(i, "wheel", "flash-attn", None, "flash-attn is not installed", "") for i in ids]
     data = rules()["flash_attn"]["releases"].get(version)
     if data is None:
-        return [Violation("flash-attn-known", "flash-attn", f"flash-attn {version} is not in the compatibility data "
-                          f"(known: {', '.join(rules()['flash_attn']['releases'])})", "compat.yaml flash_attn")]
-    found = []
+        return [Outcome("flash-attn-known", "wheel", "flash-attn", False, f"flash-attn {version} is not in the "
+                        f"compatibility data (known: {', '.join(rules()['flash_attn']['releases'])})",
+                        "compat.yaml flash_attn")]
+    tm, major = minor(entry.torch), str(Version(entry.cuda).major)
+    builds, own_py, src = flash_attn_builds(version, tm)
     why = "without a prebuilt wheel it builds from source for hours"
-    if minor(entry.torch) not in data["torch"]:
-        found.append(Violation("flash-attn-torch", "flash-attn", f"flash-attn {version} has no prebuilt wheel for "
-                               f"torch {minor(entry.torch)} (wheels: {', '.join(data['torch'])}); {why}",
-                               data["source"]))
-    if entry.python not in data["python"]:
-        found.append(Violation("flash-attn-python", "flash-attn", f"flash-attn {version} has no wheel for Python "
-                               f"{entry.python}; {why}", data["source"]))
-    if str(Version(entry.cuda).major) not in data["cuda_tag"]:
-        found.append(Violation("flash-attn-cuda", "flash-attn", f"flash-attn {version} has no wheel for CUDA "
-                               f"{Version(entry.cuda).major}.x", data["source"]))
-    return found
+    out = [Outcome("flash-attn-known", "wheel", "flash-attn", True, f"flash-attn {version} is in the data", src)]
+    if not builds:
+        minors = list(data["torch"]) + [x["torch"] for x in data.get("extra", [])]
+        out.append(Outcome("flash-attn-torch", "wheel", "flash-attn", False, f"flash-attn {version} has no "
+                           f"prebuilt wheel for torch {tm} (wheels: {', '.join(minors)}); {why}", src))
+        return out
+    out.append(Outcome("flash-attn-torch", "wheel", "flash-attn", True, f"wheels for torch {tm}", src))
+    build = next((b for b in builds if b.split(".")[0] == major), None)
+    if build is None or major not in data["cuda_tag"]:
+        out.append(Outcome("flash-attn-cuda", "wheel", "flash-attn", False, f"flash-attn {version} has no wheel "
+                           f"for torch {tm} with CUDA {major}.x (built for CUDA {', '.join(builds)}); {why}", src))
+        return out
+    out.append(Outcome("flash-attn-cuda", "wheel", "flash-attn", True, f"CUDA {major}.x wheel "
+                       f"({data['cuda_tag'][major]})", src))
+    pythons = _wheel_pythons(data, tm, own_py)
+    ok = entry.python in pythons
+    out.append(Outcome("flash-attn-python", "wheel", "flash-attn", ok,
+                       f"wheel for Python {entry.python}" if ok else
+                       f"flash-attn {version} has no wheel for Python {entry.python} with torch {tm} "
+                       f"(wheels: {', '.join(pythons)}); {why}", src))
+    built_abi = torch_abi(tm, build) if build in rules()["torch"][tm]["cuda_builds"] else None
+    entry_abi = torch_abi(tm, entry.cuda) if entry.cuda in rules()["torch"][tm]["cuda_builds"] else None
+    if built_abi is None or entry_abi is None:
+        out.append(Outcome("flash-attn-abi", "wheel", "flash-attn", None, "torch build unknown", src))
+        return out
+    ok = built_abi == entry_abi
+    out.append(Outcome(
+        "flash-attn-abi", "wheel", "flash-attn", ok,
+        f"wheel compiled against torch {tm}+cu{build.replace('.', '')} ({_abi(built_abi)} ABI), same as the entry's"
+        if ok else
+        f"flash-attn {version}'s torch {tm} wheels were compiled against torch {tm}+cu{build.replace('.', '')} "
+        f"({_abi(built_abi)} C++ ABI) but the entry's torch {tm}+cu{entry.cuda.replace('.', '')} uses the "
+        f"{_abi(entry_abi)} ABI: import fails with 'undefined symbol: _ZN3c105ErrorC2...'; pick a flash-attn "
+        "release whose wheel was built against this torch build, or the matching CUDA build of torch",
+        f"{src}; https://github.com/Dao-AILab/flash-attention/issues/1783; "
+        "https://github.com/Dao-AILab/flash-attention/issues/1644"))
+    return out
 
 
-def _check_package_minimums(entry: Entry) -> list[Violation]:
-    found = []
-    for rule in rules()["packages"]:
-        pinned = entry.pins.get(rule["package"])
-        if pinned is None or Version(pinned) not in SpecifierSet(rule["versions"]):
-            continue
-        if Version(entry.torch) not in SpecifierSet(rule["torch"]):
-            found.append(Violation(f"{rule['package']}-torch", rule["package"], f"{rule['package']} {pinned} needs "
-                                   f"torch {rule['torch']}, the entry has {entry.torch}", rule["source"]))
-        if Version(entry.python) not in SpecifierSet(rule["python"]):
-            found.append(Violation(f"{rule['package']}-python", rule["package"], f"{rule['package']} {pinned} needs "
-                                   f"Python {rule['python']}, the entry has {entry.python}", rule["source"]))
-    return found
+def _abi(flag: bool) -> str:
+    return "C++11" if flag else "pre-C++11"
+
+
+def flash_attn_wheel(entry: Entry) -> str | None:
+    """The wheel flash-attn's setup.py downloads for the entry (it picks the ABI of the installed torch)."""
+    version = entry.pins.get("flash-attn")
+    if not version:
+        return None
+    fa = rules()["flash_attn"]
+    data, tm = fa["releases"][version], minor(entry.torch)
+    return fa["url"].format(version=version, cuda_tag=data["cuda_tag"][str(Version(entry.cuda).major)], torch=tm,
+                            abi="TRUE" if torch_abi(tm, entry.cuda) else "FALSE", py=entry.python.replace(".", ""))
+
+
+# --- constraints between versions ------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=1)
+def constraint_rules() -> tuple[dict, ...]:
+    """`rules:` plus the `packages:` minimums, all as requires/forbids rules."""
+    out = []
+    for row in rules()["packages"]:
+        name = row["package"]
+        for dep in ("torch", "python"):
+            out.append({"id": f"{name}-{dep}", "kind": "requires", "when": {name: row["versions"]},
+                        "then": {dep: row[dep]}, "field": name, "source": row["source"],
+                        "reason": f"{name} {{{name}}} needs {'torch' if dep == 'torch' else 'Python'} {row[dep]}, "
+                                  f"the entry has {{{dep}}}"})
+    out += rules().get("rules", [])
+    return tuple(out)
+
+
+def _facts(entry: Entry) -> dict[str, str]:
+    return {"python": entry.python, "cuda": entry.cuda, **{k: v for k, v in entry.pins.items() if v}}
+
+
+def _matches(facts: dict[str, str], name: str, spec: str) -> bool:
+    if name not in facts:
+        return False
+    return spec == "*" or Version(facts[name]) in SpecifierSet(spec, prereleases=True)
+
+
+def _constraint(entry: Entry, rule: dict) -> Outcome:
+    facts = _facts(entry)
+    when = rule["when"]
+    applies = all(_matches(facts, k, v) for k, v in when.items())
+    cond = ", ".join(f"{k} {v}" for k, v in when.items())
+    if not applies:
+        return Outcome(rule["id"], rule["kind"], rule["field"], None, f"applies to {cond}", rule["source"])
+    if rule["kind"] == "forbids":
+        ok = False
+    elif rule["kind"] == "requires":
+        # A `then` package that is not installed cannot conflict with anything.
+        ok = all(k not in facts or _matches(facts, k, v) for k, v in rule["then"].items())
+    else:
+        raise ValueError(f"compat.yaml rule {rule['id']}: unknown kind {rule['kind']!r}")
+    reason = " ".join(rule["reason"].split()).format_map(_Missing(facts))
+    if ok:
+        need = ", ".join(f"{k} {v}" for k, v in rule["then"].items())
+        reason = f"{cond}: needs {need}, satisfied"
+    return Outcome(rule["id"], rule["kind"], rule["field"], ok, reason, " ".join(rule["source"].split()))
+
+
+class _Missing(dict):
+    def __missing__(self, key: str) -> str:
+        return "(not installed)"
+
+
+# --- outputs ---------------------------------------------------------------------------------------------
 
 
 def require(entries) -> None:
@@ -158,18 +321,10 @@ def derive(entry: Entry) -> dict:
     """Facts that follow from the rules: what later steps (render, labels, smoke) need."""
     torch = _torch_facts(entry)
     cuda = rules()["cuda"][entry.cuda]
-    facts = {
+    return {
         "min_driver": cuda["min_driver"],
         "toolkit_driver": cuda["toolkit_driver"],
-        "cxx11abi": torch["cxx11abi"],
+        "cxx11abi": torch_abi(minor(entry.torch), entry.cuda),
         "cudnn_major": torch["cudnn"],
-        "flash_attn_wheel": None,
+        "flash_attn_wheel": flash_attn_wheel(entry),
     }
-    version = entry.pins.get("flash-attn")
-    if version:
-        fa = rules()["flash_attn"]
-        data = fa["releases"][version]
-        facts["flash_attn_wheel"] = fa["url"].format(
-            version=version, cuda_tag=data["cuda_tag"][str(Version(entry.cuda).major)], torch=minor(entry.torch),
-            abi="TRUE" if torch["cxx11abi"] else "FALSE", py=entry.python.replace(".", ""))
-    return facts

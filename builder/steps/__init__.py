@@ -36,6 +36,7 @@ TOOLS = {
     "verify": "builder.steps.verify",
     "manifest": "builder.steps.manifest",
     "diff": "builder.steps.diff",
+    "refresh-compat": "builder.steps.refresh",
 }
 
 

@@ -29,16 +29,41 @@ def test_every_rule_names_a_source():
             assert facts.get("source"), f"{section}.{key} has no source"
     for release, facts in data["flash_attn"]["releases"].items():
         assert facts.get("source"), release
-    assert all(r.get("source") for r in data["packages"] + data["base_os"])
+        assert all(x.get("source") for x in facts.get("extra", [])), release
+    assert all(r.get("source") for r in data["packages"] + data["base_os"] + data["rules"])
+
+
+def test_compat_data_is_complete_and_well_formed():
+    from packaging.specifiers import SpecifierSet
+
+    data = compat.rules()
+    for minor, facts in data["torch"].items():
+        assert {"cuda_builds", "pypi_cuda", "python", "cxx11abi", "cudnn"} <= set(facts), minor
+        assert facts["pypi_cuda"] in facts["cuda_builds"], minor
+        assert set(facts.get("cxx11abi_builds", {})) <= set(facts["cuda_builds"]), minor
+        assert all(b in data["cuda"] for b in facts["cuda_builds"]), f"torch {minor}: a build without driver data"
+    for version, release in data["flash_attn"]["releases"].items():
+        assert {"python", "cuda_tag", "torch"} <= set(release), version
+        for minor, builds in release["torch"].items():
+            if minor in data["torch"]:
+                assert set(builds) <= set(data["torch"][minor]["cuda_builds"]), (version, minor)
+    facts = {"python", "cuda", *matrix.PACKAGES}
+    ids = [r["id"] for r in data["rules"]]
+    assert len(ids) == len(set(ids))
+    for rule in compat.constraint_rules():
+        assert rule["kind"] in ("requires", "forbids"), rule["id"]
+        for key, spec in {**rule["when"], **rule.get("then", {})}.items():
+            assert key in facts, (rule["id"], key)
+            assert spec == "*" or SpecifierSet(spec), (rule["id"], spec)
+        assert rule["field"] in facts and rule["reason"] and rule["source"], rule["id"]
 
 
 @pytest.mark.parametrize("old, new, rule, words", [
     ('cuda: "12.1"', 'cuda: "12.4"', "torch-cuda", "has no CUDA 12.4 build"),
     ('python: "3.10"', 'python: "3.12"', "base-python", "Ubuntu 22.04 ships Python 3.10"),
-    ("12.1.1-runtime-ubuntu22.04", "12.4.1-runtime-ubuntu22.04", "base-cuda", "libcudnn.so.8"),
-    ("12.1.1-runtime-ubuntu22.04", "12.1.1-cudnn9-runtime-ubuntu22.04", "base-cudnn", "cuDNN 9"),
+    ("12.1.1-runtime-ubuntu22.04", "11.8.0-devel-ubuntu22.04", "base-cuda-compiler", "mismatches the version"),
     ("flash-attn: 2.6.3", "flash-attn: 2.8.3", "flash-attn-torch", "no prebuilt wheel for torch 2.3"),
-    ("flash-attn: 2.6.3", "flash-attn: 2.5.8", "flash-attn-known", "not in the compatibility data"),
+    ("flash-attn: 2.6.3", "flash-attn: 2.4.2", "flash-attn-known", "not in the compatibility data"),
     ("transformers: 4.44.2", "transformers: 5.24.0", "transformers-torch", "needs torch >=2.4"),
 ])
 def test_rule_violations(project, old, new, rule, words):
@@ -46,6 +71,17 @@ def test_rule_violations(project, old, new, rule, words):
     assert rule in found, found
     assert words in found[rule].reason
     assert found[rule].source
+
+
+@pytest.mark.parametrize("base", [
+    "12.4.1-runtime-ubuntu22.04",  # newer CUDA runtime in the base than torch's cu121 wheels
+    "12.1.1-cudnn9-runtime-ubuntu22.04",  # cuDNN 9 in the base, torch 2.3 loads its own cuDNN 8
+    "12.4.1-cudnn-devel-ubuntu22.04",  # nvcc 12.4 with torch cu121: same major, cpp_extension only warns
+])
+def test_base_cuda_libraries_do_not_conflict_with_torch_wheels(project, base):
+    # torch's pip wheels load their own nvidia-* libraries; transformers' CI and axolotl ship such bases.
+    found = rules_of(entry_with(project, "12.1.1-runtime-ubuntu22.04", base))
+    assert found == {}, found
 
 
 def test_python_outside_torch_range(project):

@@ -1,0 +1,202 @@
+"""`refresh-compat`: compare compat.yaml's release data with what the publishers say now, and show the diff.
+
+Read here (network): PyPI's JSON API for torch (release files, then one Linux wheel's PEP 658 core
+metadata per minor) and for flash-attn (which releases exist), and flash-attention's release workflow
+and setup.py per tag -- from GitHub when reachable, or from a local clone (`--flash-attn-git DIR`).
+The parsing and the diff are pure (builder.model.knowledge). Nothing is written unless `--write`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import subprocess
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from datetime import date
+from importlib import resources
+from pathlib import Path
+
+import yaml
+from packaging.version import InvalidVersion, Version
+
+from builder import fsutil, log
+from builder.errors import EnvironmentProblem, UserError
+from builder.model import compat, knowledge
+
+PYPI = "https://pypi.org/pypi/{name}/json"
+RAW = "https://raw.githubusercontent.com/Dao-AILab/flash-attention/v{version}/{path}"
+FLASH_FILES = (".github/workflows/publish.yml", "setup.py")
+FLASH_SINCE = "2.5.8"  # older releases are not in compat.yaml and not worth tracking
+TIMEOUT_S = 30
+
+
+NAME = "refresh-compat"
+HELP = "diff compat.yaml against PyPI metadata and flash-attn release files (--write applies)"
+NEEDS_MATRIX = False
+
+
+@dataclass(frozen=True)
+class Options:
+    write: bool = False
+    flash_attn_git: str | None = None
+    since: str = "2.0"
+    compat_file: str | None = None
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--write", action="store_true", help="apply the changes to builder/data/compat.yaml")
+    p.add_argument("--flash-attn-git", metavar="DIR", help="a clone of Dao-AILab/flash-attention to read release "
+                   "workflows from (GitHub itself may be unreachable)")
+    p.add_argument("--since", default="2.0", help="oldest torch minor to compare (default 2.0)")
+    p.add_argument("--compat-file", metavar="PATH", help="the compat.yaml to compare and write (default: the "
+                   "one shipped in the package)")
+
+
+def _context() -> ssl.SSLContext:
+    # An intercepting proxy's CA is handed in the usual way (SSL_CERT_FILE, as for pip and uv).
+    return ssl.create_default_context(cafile=os.environ.get("SSL_CERT_FILE") or None)
+
+
+def _get(url: str) -> bytes:
+    req = urllib.request.Request(url, headers={"User-Agent": "train-image-builder refresh-compat"})
+    with urllib.request.urlopen(req, timeout=TIMEOUT_S, context=_context()) as resp:  # noqa: S310 - https only
+        return resp.read()
+
+
+def pypi_project(name: str) -> dict:
+    try:
+        return json.loads(_get(PYPI.format(name=name)))
+    except (urllib.error.URLError, TimeoutError, OSError, json.JSONDecodeError) as exc:
+        raise EnvironmentProblem(f"cannot read {PYPI.format(name=name)}: {exc}",
+                                 "check the network/proxy (SSL_CERT_FILE for an intercepting proxy)") from exc
+
+
+def torch_from_pypi(since: str) -> dict[str, dict]:
+    """{minor: facts} for the newest release of each torch minor on PyPI."""
+    project = pypi_project("torch")
+    out = {}
+    for minor, version in knowledge.latest_per_minor(project["releases"], since).items():
+        files = project["releases"][version]
+        wheels = knowledge.linux_wheels(files)
+        metadata = None
+        # PEP 658 metadata (`<wheel>.metadata`) exists for files uploaded since 2023; the JSON API's
+        # `core-metadata` flag is not reliable behind mirrors, so ask and accept a 404.
+        for wheel in wheels[:3]:  # metadata is per file; a few tries cover partly backfilled releases
+            url = urllib.parse.urljoin(PYPI.format(name="torch"), wheel["url"]) + ".metadata"
+            try:
+                metadata = _get(url).decode("utf-8", "replace")
+                break
+            except (urllib.error.URLError, TimeoutError, OSError) as exc:
+                reason = getattr(exc, "code", exc)
+        else:
+            if wheels:
+                log.info(f"note: torch {version}: no core metadata ({reason}); its CUDA build and cuDNN are "
+                         "not compared")
+        out[minor] = knowledge.torch_facts(version, files, metadata)
+    return out
+
+
+def _flash_versions() -> list[str]:
+    project = pypi_project("flash-attn")
+    found = []
+    for raw in project["releases"]:
+        try:
+            v = Version(raw)
+        except InvalidVersion:
+            continue
+        if not v.is_prerelease and v >= Version(FLASH_SINCE):
+            found.append(raw)
+    return sorted(found, key=Version)
+
+
+def _git_show(repo: str, version: str, path: str) -> str | None:
+    run = subprocess.run(["git", "-C", repo, "show", f"v{version}:{path}"], capture_output=True, text=True,
+                         check=False)
+    return run.stdout if run.returncode == 0 else None
+
+
+def flash_attn_releases(clone: str | None) -> tuple[dict[str, dict | None], list[str]]:
+    """{version: wheel matrix or None when its release files could not be read}, notes for the user."""
+    notes, out = [], {}
+    versions = _flash_versions()
+    github = clone is None
+    for version in versions:
+        texts = []
+        for path in FLASH_FILES:
+            if clone:
+                texts.append(_git_show(clone, version, path))
+            elif github:
+                try:
+                    texts.append(_get(RAW.format(version=version, path=path)).decode())
+                except (urllib.error.URLError, TimeoutError, OSError) as exc:
+                    github = False
+                    notes.append(f"GitHub not reachable ({getattr(exc, 'reason', exc)}): flash-attn wheel lists "
+                                 "not refreshed; pass --flash-attn-git DIR (a clone) to read them")
+                    texts.append(None)
+            else:
+                texts.append(None)
+        if None in texts:
+            out[version] = None
+            continue
+        try:
+            out[version] = knowledge.flash_attn_release(*texts)
+        except ValueError as exc:
+            notes.append(f"flash-attn {version}: release files not understood ({exc}); left as is")
+            out[version] = None
+    return out, notes
+
+
+def _compat_path(args) -> Path:
+    return Path(args.compat_file) if args.compat_file else Path(str(resources.files("builder").joinpath(
+        "data/compat.yaml")))
+
+
+def _source(change: knowledge.Change, args) -> str:
+    today = date.today().isoformat()
+    if change.section == "torch":
+        return f"https://pypi.org/pypi/torch/json and the wheels' core metadata (refresh-compat {today})"
+    where = "a clone" if args.flash_attn_git else "GitHub"  # no local paths in shipped data
+    return (f"https://github.com/Dao-AILab/flash-attention/blob/v{change.key}/.github/workflows/publish.yml "
+            f"(matrix, minv/maxv) and setup.py (get_wheel_url), read from {where} by refresh-compat {today}")
+
+
+def main(args: Options, m=None) -> int:
+    path = _compat_path(args)
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = yaml.safe_load(text)
+        current_torch, current_flash = data["torch"], data["flash_attn"]["releases"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
+        raise UserError(f"{path}: not a readable compat.yaml ({exc})", "point --compat-file at a compat.yaml") from exc
+    if args.flash_attn_git and not Path(args.flash_attn_git, ".git").exists() and not Path(
+            args.flash_attn_git, "HEAD").exists():
+        raise UserError(f"--flash-attn-git {args.flash_attn_git}: not a git repository",
+                        "clone https://github.com/Dao-AILab/flash-attention there (tags included)")
+    with log.step("torch releases on PyPI") as note:
+        torch = torch_from_pypi(args.since)
+        note["result"] = f"{len(torch)} minors ({', '.join(torch)})"
+    with log.step("flash-attn releases") as note:
+        flash, notes = flash_attn_releases(args.flash_attn_git)
+        note["result"] = f"{len(flash)} releases on PyPI, {sum(v is not None for v in flash.values())} wheel lists read"
+    for line in notes:
+        log.info(f"note: {line}")
+    changes = knowledge.diff_torch(current_torch, torch) + knowledge.diff_flash_attn(current_flash, flash)
+    if not changes:
+        log.info(f"{path} agrees with PyPI" + (" and the release files" if args.flash_attn_git else ""))
+        return 0
+    for c in changes:
+        print(c.render())
+    if not args.write:
+        log.info(f"{len(changes)} differences; review them, then run with --write to apply them to {path}")
+        return 0
+    applicable = [c for c in changes if c.old is not None or isinstance(c.new, dict)]
+    fsutil.write_atomic(path, knowledge.apply_text(text, applicable, lambda c: _source(c, args)))
+    compat.rules.cache_clear()
+    compat.constraint_rules.cache_clear()
+    log.info(f"wrote {path}: {len(applicable)} changes ({len(changes) - len(applicable)} need a person: "
+             "releases without wheel data); re-run `validate --strict` and the unit tests")
+    return 0
