@@ -16,10 +16,10 @@ from pathlib import Path
 
 from builder import log, runner
 from builder.errors import BuilderError, UserError
-from builder.model import compat, matrix, plan
+from builder.model import compat, matrix, plan, proof
 from builder.steps import STEPS, TOOLS
 
-HEADERS = ("tag", "torch", "CUDA", "Python", "transformers", "deepspeed", "flash-attn")
+HEADERS = ("tag", "torch", "CUDA", "Python", "transformers", "deepspeed", "flash-attn", "proven")
 
 
 def options_from(args: argparse.Namespace, cls):
@@ -51,8 +51,9 @@ def cmd_validate(args, m: matrix.Matrix) -> int:
 
 
 def cmd_list(args, m: matrix.Matrix) -> int:
+    known = proof.levels()
     rows = [[e.tag, e.torch, e.cuda, e.python, e.pins["transformers"], e.pins["deepspeed"],
-             e.pins["flash-attn"] or "—"] for e in select(args, m)]
+             e.pins["flash-attn"] or "—", proof.phrase(e, known)] for e in select(args, m)]
     print(log.table(HEADERS, rows))
     return 0
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from builder import fsutil, log, reports
 from builder.errors import UserError
-from builder.model import compat, paths
+from builder.model import compat, paths, proof
 from builder.model.matrix import PACKAGES, Entry
 
 MARKDOWN, JSON = "IMAGES.md", "images.json"
@@ -55,7 +55,9 @@ def _figures(smoke: dict) -> dict:
 def _smoke(smoke: dict | None, image_id: str | None) -> dict:
     if smoke is None:
         return {"verdict": "not run"}
+    level = smoke.get("level") or {"kind": smoke.get("mode")}
     out = {"verdict": "passed" if smoke.get("passed") is True else "failed", "mode": smoke.get("mode"),
+           "level": level, "level_text": proof.gate_phrase(level),
            "date": (smoke.get("finished_at") or "")[:10] or None, "image_id": smoke.get("image_id"),
            **_figures(smoke)}
     if image_id and smoke.get("image_id") != image_id:
@@ -84,6 +86,8 @@ def record(entry: Entry, directory: Path) -> dict:
         "versions_source": "measured in the image" if measured else "matrix pins (not built)",
         "image_id": image_id, "size_bytes": size,
         "built": (build or {}).get("result"),
+        "ci_builds": entry.ci,
+        "exceptions": list((publish or {}).get("exceptions") or []),
         "smoke": _smoke(smoke, image_id),
         "published": None if not publish else {k: publish.get(k) for k in (
             "registry", "repository", "full_tag", "alias", "digest", "pull", "published_at")},
@@ -106,7 +110,7 @@ def _num(value, fmt: str) -> str:
 def _smoke_cell(s: dict) -> str:
     if s["verdict"] == "not run":
         return "not run"
-    return f"{'✓' if s['verdict'] == 'passed' else '✕'} {s['verdict']} ({s.get('mode')}, {s.get('date')})"
+    return f"{'✓' if s['verdict'] == 'passed' else '✕'} {s['verdict']} ({s.get('level_text')}, {s.get('date')})"
 
 
 def render_markdown(records: list[dict], source: str) -> str:
@@ -141,6 +145,10 @@ def render_markdown(records: list[dict], source: str) -> str:
             f"busbw {s['busbw_gbps']:.2f} GB/s ({s.get('ranks')} ranks {s.get('backend')})"
             if isinstance(s.get("busbw_gbps"), (int, float)) else "") if x)
         lines.append(f"- smoke: {_smoke_cell(s)}" + (f": {figures}" if figures else ""))
+        lines.append(f"- proven: {'built by our CI in every run' if r['ci_builds'] else 'not built by our CI'}; "
+                     f"gate {s.get('level_text', 'none')}")
+        if r["exceptions"]:
+            lines.append(f"- published with exceptions: {', '.join(r['exceptions'])} (see docs/publishing.md)")
         if r["repro"]:
             rp = r["repro"]
             extra = [f"{rp['differences']} differences" if rp.get("differences") is not None else "",

@@ -43,7 +43,7 @@ def test_generated_from_reports(project):
     assert run_cli("catalog") == 0
     md = (project / "IMAGES.md").read_text()
     assert f"`{FULL}`" in md and DIGEST in md and f"docker pull ghcr.io/acme/train@{DIGEST}" in md
-    assert "5.71 GB" in md and "580.65.06" in md and "✓ passed (cpu, 2026-12-02)" in md
+    assert "5.71 GB" in md and "580.65.06" in md and "✓ passed (CPU, 2026-12-02)" in md
     assert "0.43 steps/s" in md and "busbw 1.23 GB/s (2 ranks gloo)" in md and "reproducible" in md
     assert "| cu121-torch2.3 " in md.replace("`", "") and "not published" in md  # every tag is listed
     data = json.loads((project / "images.json").read_text())
@@ -51,6 +51,28 @@ def test_generated_from_reports(project):
     assert entry["published"]["digest"] == DIGEST and entry["smoke"]["busbw_gbps"] == 1.234
     assert entry["versions"]["torch"] == "2.13.0" and entry["versions_source"] == "measured in the image"
     assert entry["repro"]["verdict"] == "reproducible" and entry["repro"]["date"] == "2026-12-03"
+    assert entry["ci_builds"] is True and "built by our CI in every run; gate CPU" in md
+
+
+def test_gate_level_and_exceptions_reach_the_catalog_list_and_readme(project, capsys):
+    """How far a tag is proven reads the same in IMAGES.md, `list` and the README table."""
+    write_reports()
+    level = {"kind": "gpu", "gpu_model": "NVIDIA H200", "gpu_count": 1, "driver": "580.95.05"}
+    smoke = reports.read(TAG, "smoke")
+    reports.write(TAG, "smoke", {**{k: v for k, v in smoke.items() if k not in ("tag", "step")}, "mode": "gpu",
+                                 "level": level})
+    publish = reports.read(TAG, "publish")
+    reports.write(TAG, "publish", {**{k: v for k, v in publish.items() if k not in ("tag", "step")},
+                                   "exceptions": ["substituted-base"]})
+    assert run_cli("catalog") == 0
+    md = (project / "IMAGES.md").read_text()
+    assert "✓ passed (GPU: 1 × NVIDIA H200, 2026-12-02)" in md
+    assert "published with exceptions: substituted-base" in md
+    capsys.readouterr()
+    assert run_cli("list") == 0
+    assert "CI build, gate GPU: 1 × NVIDIA H200 (2026-12-02)" in capsys.readouterr().out
+    assert run_cli("render") == 0
+    assert "| CI build, gate GPU: 1 × NVIDIA H200 (2026-12-02) |" in (project / "README.md").read_text()
 
 
 def test_deterministic(project, tmp_path):

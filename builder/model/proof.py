@@ -1,0 +1,48 @@
+"""How far each tag has been proven, in one phrase: built by our CI or not, the gate level reached and when.
+
+Read from the committed catalog (images.json, written by `catalog` from the step reports), so `list` and
+the README table say the same as IMAGES.md without reading reports themselves.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from builder.model.matrix import Entry
+
+CATALOG = Path("images.json")
+
+
+def gate_phrase(level: dict | None) -> str:
+    """`GPU: 8 × NVIDIA H100 80GB HBM3` / `CPU`: the gate level in words."""
+    if not level:
+        return "none"
+    if level.get("kind") == "gpu":
+        return f"GPU: {level.get('gpu_count') or '?'} × {level.get('gpu_model') or 'unknown GPU'}"
+    return "CPU"
+
+
+def levels(path: Path = CATALOG) -> dict[str, dict]:
+    """tag → {"gate": phrase, "date": YYYY-MM-DD or None} from the catalog; empty when there is none."""
+    try:
+        images = json.loads(path.read_text(encoding="utf-8")).get("images") or []
+    except (OSError, ValueError, AttributeError):
+        return {}
+    out = {}
+    for image in images:
+        if not isinstance(image, dict) or not isinstance(image.get("tag"), str):
+            continue
+        smoke = image.get("smoke") if isinstance(image.get("smoke"), dict) else {}
+        passed = smoke.get("verdict") == "passed"
+        level = smoke.get("level") or ({"kind": smoke["mode"]} if smoke.get("mode") else None)
+        out[image["tag"]] = {"gate": gate_phrase(level) if passed else "none",
+                             "date": smoke.get("date") if passed else None}
+    return out
+
+
+def phrase(entry: Entry, known: dict[str, dict]) -> str:
+    """`CI build, gate CPU (2026-12-03)` / `not built by CI, gate none`."""
+    found = known.get(entry.tag) or {"gate": "none", "date": None}
+    built = "CI build" if entry.ci else "not built by CI"
+    return f"{built}, gate {found['gate']}" + (f" ({found['date']})" if found.get("date") else "")
