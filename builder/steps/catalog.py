@@ -182,6 +182,12 @@ def main(args: Options, m) -> int:
         if not target.exists() or target.read_text() != text:
             fsutil.write_atomic(target, text)
             log.info(f"wrote {target}")
+    if out.resolve() == Path(".").resolve():
+        # The README's table shows how far each tag is proven, read from images.json: keep it in step.
+        from builder.steps import readme
+
+        for path in readme.write(m):
+            log.info(f"wrote {path} (the proven column)")
     published = sum(1 for e in json.loads(files[JSON])["images"] if e["published"])
     log.info(f"{len(m.entries)} tags in the catalog, {published} published")
     return 0
