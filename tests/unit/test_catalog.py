@@ -56,6 +56,7 @@ def test_generated_from_reports(project):
 
 def test_gate_level_and_exceptions_reach_the_catalog_list_and_readme(project, capsys):
     """How far a tag is proven reads the same in IMAGES.md, `list` and the README table."""
+    assert run_cli("render") == 0
     write_reports()
     level = {"kind": "gpu", "gpu_model": "NVIDIA H200", "gpu_count": 1, "driver": "580.95.05"}
     smoke = reports.read(TAG, "smoke")
