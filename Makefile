@@ -7,7 +7,7 @@ DEFAULT_TAG = $(shell $(PY) -c 'from builder.model import matrix; print(matrix.l
 DEFAULT_BASE = $(shell $(PY) -c 'from builder.model import matrix; e = matrix.load().default; print(e.base_name, e.base_digest or "")')
 TAG ?=
 BUILD_FLAGS ?= --local-base
-SMOKE_FLAGS ?= --cpu
+SMOKE_FLAGS ?=
 PYTEST_FLAGS ?=
 
 .PHONY: help venv docker validate render lock lint unit test build build-all smoke image publish catalog verify repro

@@ -11,12 +11,12 @@ import json
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 from builder import log, reports
-from builder.boundary import engine
+from builder.boundary import engine, host
 from builder.errors import StepFailed, UserError
 from builder.model import paths
 from builder.steps import Done
@@ -43,6 +43,7 @@ def add_arguments(p) -> None:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--cpu", action="store_true", help="CPU mode: 2 ranks over gloo, no GPU checks")
     mode.add_argument("--gpus", choices=["all"], help="run on every GPU (needs the NVIDIA container toolkit)")
+    # Neither: every GPU when this host can give containers GPUs, else CPU mode, and it says which.
     p.add_argument("--image", metavar="REF", help="gate this image instead of the tag's build (e.g. a pulled one)")
     p.add_argument("--shm-size", default=DEFAULT_SHM, help=f"/dev/shm size for the container (default {DEFAULT_SHM})")
     p.add_argument("--timeout", type=int, default=CHECK_TIMEOUT, help="seconds per check (default 600)")
@@ -53,7 +54,16 @@ def prepare(entries, options: Options) -> None:
         raise UserError("--image needs exactly one tag")
     if options.timeout < 30:
         raise UserError(f"--timeout {options.timeout}: a check needs at least 30 seconds")
-    engine.sdk()
+    info = engine.sdk().info()
+    if options.cpu or options.gpus:
+        return None
+    found, source = host.gpus()
+    if found and host.nvidia_runtime(info):
+        log.info(f"no --cpu/--gpus: {len(found)} GPU(s) here ({found[0]['name']}, via {source}): GPU gate")
+        return replace(options, gpus="all")
+    log.info(f"no --cpu/--gpus: no GPU a container can use here ({source}): CPU gate — entries of GPU runners "
+             "need a GPU gate before they can be published")
+    return replace(options, cpu=True)
 
 
 def run_gate(image_ref: str, gpus: bool, timeout: int = CHECK_TIMEOUT, shm_size: str = DEFAULT_SHM) -> dict:

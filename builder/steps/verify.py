@@ -11,13 +11,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
 from builder import fsutil, log
-from builder.boundary import engine, inspect, registry
+from builder.boundary import engine, host, inspect, registry
 from builder.errors import EnvironmentProblem, StepFailed, UserError
 from builder.model import attestations
 from builder.steps import smoke
@@ -66,41 +65,6 @@ def ensure_image(ref: str, pull: bool):
 
 
 # --- the host ------------------------------------------------------------------------------------------
-
-
-def parse_nvidia_smi(text: str) -> list[dict]:
-    """Rows of `nvidia-smi --query-gpu=driver_version,name,memory.total --format=csv,noheader,nounits`."""
-    gpus = []
-    for line in text.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) >= 3:
-            gpus.append({"driver": parts[0], "name": parts[1], "memory_mb": parts[2]})
-    return gpus
-
-
-def host_gpus() -> tuple[list[dict], str]:
-    """(GPUs, how we know). nvidia-smi first; NVML through pynvml when only the library is there."""
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        try:
-            query = ["--query-gpu=driver_version,name,memory.total", "--format=csv,noheader,nounits"]
-            proc = subprocess.run([smi, *query], capture_output=True, text=True, timeout=60)
-            if proc.returncode == 0:
-                return parse_nvidia_smi(proc.stdout), "nvidia-smi"
-            return [], f"nvidia-smi failed: {(proc.stderr or proc.stdout).strip()[:160]}"
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return [], f"nvidia-smi failed: {exc}"
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        driver = driver.decode() if isinstance(driver, bytes) else driver
-        gpus = [{"driver": driver, "name": str(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))),
-                 "memory_mb": ""} for i in range(pynvml.nvmlDeviceGetCount())]
-        return gpus, "NVML"
-    except Exception:  # noqa: BLE001 - no library, no driver: both mean "no GPU here"
-        return [], "no nvidia-smi and no NVML on this host"
 
 
 def driver_ok(found: str, minimum: str) -> bool:
@@ -206,7 +170,7 @@ def main(args: Options, m=None) -> int:
         facts = inspect.read_facts(image)
         note["result"] = f"{facts.get('tag')}: torch {facts.get('pins', {}).get('torch')}, CUDA {facts.get('cuda')}"
     with log.step("host") as note:
-        gpus, source = host_gpus()
+        gpus, source = host.gpus()
         rows, use_gpus = host_checks(facts, engine.sdk().info(), gpus, source, args.cpu)
         note["result"] = f"{len(gpus)} GPU(s), gate in {'GPU' if use_gpus else 'CPU'} mode"
     why_cpu = ("--cpu was given" if args.cpu else "no usable GPU here" if not gpus

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from builder.boundary import registry
+from builder.boundary import host, registry
 from builder.errors import UserError
 from builder.steps import publish
 from builder.steps import verify as hostverify
@@ -48,7 +48,7 @@ def test_registry_rejects_junk():
 
 
 def test_parse_nvidia_smi():
-    gpus = hostverify.parse_nvidia_smi("580.65.06, NVIDIA H100 80GB HBM3, 81559\n580.65.06, NVIDIA H100 80GB HBM3, 81559\n")
+    gpus = host.parse_nvidia_smi("580.65.06, NVIDIA H100 80GB HBM3, 81559\n580.65.06, NVIDIA H100 80GB HBM3, 81559\n")
     assert len(gpus) == 2 and gpus[0]["driver"] == "580.65.06" and gpus[0]["name"] == "NVIDIA H100 80GB HBM3"
 
 
