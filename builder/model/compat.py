@@ -129,6 +129,18 @@ def _check_torch(entry: Entry, torch: dict) -> list[Outcome]:
     return out
 
 
+def base_os(entry: Entry) -> dict | None:
+    """The base_os rule for the entry's base (OS, Python, apt archive), or None when its tag names no known OS."""
+    tag = _base_tag(entry)
+    return next((r for r in rules()["base_os"] if r["match"] in tag), None)
+
+
+def apt_archive(entry: Entry) -> dict | None:
+    """The apt archive the base installs from: its live host and its dated snapshot service."""
+    rule = base_os(entry)
+    return None if rule is None else {"name": rule["archive"], **rules()["apt_archives"][rule["archive"]]}
+
+
 def _base_tag(entry: Entry) -> str:
     return entry.base_name.split(":", 1)[1] if ":" in entry.base_name.rsplit("/", 1)[-1] else ""
 
@@ -136,8 +148,7 @@ def _base_tag(entry: Entry) -> str:
 def _check_base(entry: Entry, recipe: bool) -> list[Outcome]:
     found = []
     if recipe:
-        tag = _base_tag(entry)
-        os_rule = next((r for r in rules()["base_os"] if r["match"] in tag), None)
+        os_rule = base_os(entry)
         if os_rule is None:
             known = ", ".join(r["match"] for r in rules()["base_os"])
             found.append(Outcome("base-os", "recipe", "base", False, f"cannot tell the OS of base "

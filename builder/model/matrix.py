@@ -39,6 +39,9 @@ NOTE_RE = re.compile(r"^[^\x00-\x1f\x7f\\`$]{0,300}$")  # one printable line: sa
 # The Python distributions every image pins, in the order used everywhere (tables, labels, locks).
 PACKAGES = ("torch", "transformers", "deepspeed", "peft", "accelerate", "nvidia-ml-py", "flash-attn")
 REQUIRED_PACKAGES = PACKAGES[:-1]
+# Lock files an entry may declare it cannot complete (with the reason): the one visible exception to
+# "every lock pinned", checked by `lock --check` and shown in the catalog.
+EXCEPTABLE_LOCKS = ("apt.lock", "flash-attn.lock")
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ class Entry:
     ci: bool = False
     default: bool = False
     base_source: str = ""
+    lock_exceptions: dict = field(default_factory=dict)  # lock file name -> why it cannot be complete
     lines: dict = field(default_factory=dict, compare=False, repr=False)
     source: str = "matrix.yaml"
 
@@ -139,6 +143,17 @@ def _labels(value, fail) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _lock_exceptions(value, fail) -> dict:
+    if not isinstance(value, dict) or not value:
+        fail("expected a mapping of lock file to reason", 'e.g. {apt.lock: "base cannot be run here"}')
+    for name, reason in value.items():
+        if name not in EXCEPTABLE_LOCKS:
+            fail(f"{name!r} cannot be excepted", f"only {', '.join(EXCEPTABLE_LOCKS)} may be")
+        if not isinstance(reason, str) or not reason.strip() or not NOTE_RE.match(reason):
+            fail(f"the reason for {name} must be one line of plain text", "say why the lock cannot be complete")
+    return dict(value)
+
+
 def _optional_version(value, fail):
     return None if value is None else _version(value, fail)
 
@@ -156,6 +171,7 @@ ENTRY_FIELDS: dict[str, tuple[Callable, bool]] = {
     "runner": (_labels, False),
     "ci": (_bool, False),
     "default": (_bool, False),
+    "lock_exceptions": (_lock_exceptions, False),
 }
 DEFAULTS_ONLY = {"image": _pattern(IMAGE_NAME_RE, "an image name", "ghcr.io/acme/train")}
 TOP_LEVEL = ("defaults", "entries")
@@ -262,7 +278,7 @@ def _read_entry(raw, index: int, defaults: dict, report: _Reporter) -> Entry:
         cuda=values["cuda"], pins=pins, index_url=values.get("index_url", FALLBACKS["index_url"]),
         runner=tuple(values.get("runner", FALLBACKS["runner"])), ci=values.get("ci", False),
         default=values.get("default", False), base_source=values.get("base_source", ""),
-        lines=lines, source=str(report.path),
+        lock_exceptions=values.get("lock_exceptions", {}), lines=lines, source=str(report.path),
     )
 
 

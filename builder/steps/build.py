@@ -16,7 +16,7 @@ from builder.boundary import buildkit, engine, inspect
 from builder.errors import EnvironmentProblem, StepFailed
 from builder.model import paths
 from builder.model.matrix import Entry
-from builder.steps import Done, lock
+from builder.steps import Done, lock, preflight
 
 NAME = "build"
 HELP = "build images with BuildKit, verify them, write build reports"
@@ -32,6 +32,7 @@ class Options:
     apt_mirror: str | None = None
     ca_bundle: str | None = None
     cache_ref: str | None = None
+    flash_attn_mirror: str | None = None
 
 
 def add_arguments(p) -> None:
@@ -51,6 +52,8 @@ def add_base_arguments(p) -> None:
     p.add_argument("--apt-mirror", metavar="URL", help="apt mirror, e.g. http://mirror.local/debian")
     p.add_argument("--ca-bundle", metavar="PATH",
                    help="extra CA bundle for pip inside the build (default: $PIP_CERT or $SSL_CERT_FILE)")
+    p.add_argument("--flash-attn-mirror", metavar="URL",
+                   help="a directory serving the flash-attn wheel files (their sha256 from the lock is still checked)")
 
 
 def prepare(entries: list[Entry], options: Options) -> None:
@@ -74,8 +77,15 @@ def _skippable(entry: Entry, digest: str) -> dict | None:
 
 def run(entry: Entry, options: Options) -> Done:
     started = time.monotonic()
-    lock.require_complete(entry, paths.tag_dir(entry))
+    checked = preflight.preflight(entry, paths.tag_dir(entry), local_base=options.local_base,
+                                  base_image=options.base_image, apt_mirror=options.apt_mirror,
+                                  flash_attn_mirror=options.flash_attn_mirror,
+                                  image_exists=lambda ref: engine.image_or_none(ref) is not None)
+    log.info("  sources: " + ", ".join(f"{c['source']} {log.mark(c['ok'])}" for c in checked["checked"]))
     context = buildkit.stage_context(entry)
+    flash = context / lock.FLASH_LOCK
+    if options.flash_attn_mirror and flash.exists():
+        flash.write_text(preflight.rewrite_flash_lock(flash.read_text(), options.flash_attn_mirror))
     spec = buildkit.spec(entry, context=context, ref=paths.image_ref(entry), base_image=options.base_image,
                          local_base=options.local_base, apt_mirror=options.apt_mirror, no_cache=options.no_cache,
                          cache_ref=options.cache_ref)

@@ -88,6 +88,7 @@ def record(entry: Entry, directory: Path) -> dict:
         "built": (build or {}).get("result"),
         "ci_builds": entry.ci,
         "exceptions": list((publish or {}).get("exceptions") or []),
+        "lock_exceptions": [f"{name}: {why}" for name, why in sorted(entry.lock_exceptions.items())],
         "smoke": _smoke(smoke, image_id),
         "published": None if not publish else {k: publish.get(k) for k in (
             "registry", "repository", "full_tag", "alias", "digest", "pull", "published_at")},
@@ -127,7 +128,7 @@ def render_markdown(records: list[dict], source: str) -> str:
                   rows), "",
     ]
     for r in records:
-        if not (r["built"] or r["published"] or r["smoke"]["verdict"] != "not run"):
+        if not (r["built"] or r["published"] or r["smoke"]["verdict"] != "not run" or r["lock_exceptions"]):
             continue
         lines += [f"## `{r['tag']}`", ""]
         if r["published"]:
@@ -147,6 +148,8 @@ def render_markdown(records: list[dict], source: str) -> str:
         lines.append(f"- smoke: {_smoke_cell(s)}" + (f": {figures}" if figures else ""))
         lines.append(f"- proven: {'built by our CI in every run' if r['ci_builds'] else 'not built by our CI'}; "
                      f"gate {s.get('level_text', 'none')}")
+        for line in r["lock_exceptions"]:
+            lines.append(f"- lock exception (declared in matrix.yaml): {line}")
         if r["exceptions"]:
             lines.append(f"- published with exceptions: {', '.join(r['exceptions'])} (see docs/publishing.md)")
         if r["repro"]:

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 import urllib.request
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
+
+import yaml
 
 from builder import fsutil, log
 from builder.errors import EnvironmentProblem, StepFailed, UserError
@@ -105,31 +109,91 @@ def lock(entry: Entry, out_dir: Path) -> dict:
     return summary
 
 
-def _lock_flash_attn(entry: Entry, out_dir: Path) -> str:
-    """Hash the prebuilt flash-attn wheel. It lives on GitHub, which not every builder can reach."""
+def recorded_wheels() -> dict:
+    """url -> {sha256, sources}: flash-attn wheel hashes taken from >= 2 agreeing public sources (data file)."""
+    text = resources.files("builder").joinpath("data/flash-attn-wheels.yaml").read_text(encoding="utf-8")
+    return yaml.safe_load(text)["wheels"]
+
+
+def download_sha256(url: str, timeout: float = 60) -> str:
+    """sha256 of the file at `url` (streamed). Raises OSError when it cannot be fetched."""
+    digest = hashlib.sha256()
+    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (https URL from compat data)
+        for chunk in iter(lambda: response.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def flash_lock_text(entry: Entry, url: str, sha256: str | None, sources: list[str]) -> str:
+    """flash-attn.lock: the wheel URL with its sha256 and where the hash came from (comment lines)."""
+    head = _HEADER.format(tag=entry.tag) + f"# wheel: {url}\n"
+    if sha256 is None:
+        reason = entry.lock_exceptions.get(FLASH_LOCK, "no sourced sha256")
+        return head + f"# EXCEPTION: {reason}\n# no sha256 recorded: pip --require-hashes refuses this line\n" + (
+            f"flash-attn @ {url}\n")
+    return head + "".join(f"# sha256 source: {s}\n" for s in sources) + (
+        f"flash-attn @ {url} \\\n    --hash=sha256:{sha256}\n")
+
+
+def _lock_flash_attn(entry: Entry, out_dir: Path, fetch=download_sha256) -> str:
+    """Write flash-attn.lock from the recorded, sourced hash; where GitHub answers, re-derive and compare."""
     url = compat.derive(entry)["flash_attn_wheel"]
+    record = recorded_wheels().get(url) or {}
+    recorded, sources = record.get("sha256"), list(record.get("sources", []))
     try:
-        digest = hashlib.sha256()
-        with urllib.request.urlopen(url, timeout=60) as response:  # noqa: S310 (https URL from compat data)
-            for chunk in iter(lambda: response.read(1 << 20), b""):
-                digest.update(chunk)
+        derived = fetch(url)
     except OSError as exc:
-        log.info(f"warning: {entry.tag}: flash-attn wheel not hash-locked, {url} unreachable ({exc}); "
-                 f"run `python -m builder lock {entry.tag}` where github.com is reachable")
-        return "unreachable"
-    line = f"flash-attn @ {url} \\\n    --hash=sha256:{digest.hexdigest()}\n"
-    fsutil.write_atomic(out_dir / FLASH_LOCK, _HEADER.format(tag=entry.tag) + line)
-    return "locked"
+        derived = None
+        log.info(f"{entry.tag}: {url} unreachable ({exc}); "
+                 + ("keeping the recorded, sourced sha256" if recorded else "no sourced sha256 recorded either"))
+    if derived and recorded and derived != recorded:
+        raise StepFailed(f"{entry.tag}: flash-attn wheel sha256 mismatch for {url}: downloaded {derived}, recorded "
+                         f"{recorded} in builder/data/flash-attn-wheels.yaml ({'; '.join(sources)})",
+                         "find out which is right before changing either")
+    if derived and not recorded:
+        sources = [f"downloaded from GitHub by `builder lock` on {time.strftime('%Y-%m-%d')} (one source: "
+                   "add it to builder/data/flash-attn-wheels.yaml once a second agrees)"]
+    elif derived:
+        sources.append(f"re-derived by `builder lock` from GitHub on {time.strftime('%Y-%m-%d')}")
+    sha256 = derived or recorded
+    if sha256 is None and FLASH_LOCK not in entry.lock_exceptions:
+        raise UserError(f"{entry.tag}: no sourced sha256 for {url} and GitHub is unreachable",
+                        "record one in builder/data/flash-attn-wheels.yaml (two agreeing public sources) or "
+                        f"declare `lock_exceptions: {{{FLASH_LOCK}: reason}}` for the entry in matrix.yaml")
+    fsutil.write_atomic(out_dir / FLASH_LOCK, flash_lock_text(entry, url, sha256, sources))
+    return "locked" if sha256 else "exception"
 
 
 def os_packages(entry: Entry) -> list[str]:
     return [p.format(py=entry.python) for p in OS_PACKAGES]
 
 
+SNAPSHOT_RE = re.compile(r"^# snapshot: (?P<url>http://[A-Za-z0-9.-]+(?:/[A-Za-z0-9._-]+)*) (?P<ts>\d{8}T\d{6}Z)$",
+                         re.M)
+
+
+def snapshot_line(entry: Entry, when: float | None = None) -> str:
+    """`# snapshot: URL TIMESTAMP`: the dated archive that still serves these versions after the live one moves on.
+
+    The timestamp is the moment of locking: the snapshot at that time holds what the live archive served then.
+    """
+    archive = compat.apt_archive(entry)
+    if archive is None:
+        raise UserError(f"{entry.tag}: cannot tell which apt archive base {entry.base_name} uses",
+                        "add its OS to base_os in builder/data/compat.yaml")
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(when))
+    return f"# snapshot: {archive['snapshot']} {stamp}\n"
+
+
+def _apt_header(entry: Entry) -> str:
+    return _HEADER.format(tag=entry.tag) + f"# base: {entry.base}\n# packages: {' '.join(os_packages(entry))}\n"
+
+
 def lock_apt(entry: Entry, out_dir: Path, base_ref: str) -> int:
     """Pin every OS package the image installs (and their dependencies) to the archive's current version.
 
-    Runs `apt-get install --simulate` in the base itself, so the versions are the base archive's.
+    Runs `apt-get install --simulate` in the base itself, so the versions are the base archive's, and records
+    the dated snapshot of that archive the build falls back to once the live archive drops a version.
     """
     from builder.boundary import engine
 
@@ -140,41 +204,94 @@ def lock_apt(entry: Entry, out_dir: Path, base_ref: str) -> int:
         raise UserError(f"{entry.tag}: apt could not resolve {' '.join(os_packages(entry))} in {base_ref}: "
                         f"{output.strip().splitlines()[-1] if output.strip() else 'no output'}")
     pins = sorted(set(re.findall(r"^Inst (\S+) (?:\[[^\]]*\] )?\((\S+)", output, flags=re.M)))
-    header = _HEADER.format(tag=entry.tag) + f"# base: {entry.base}\n# packages: {' '.join(os_packages(entry))}\n"
-    fsutil.write_atomic(out_dir / APT_LOCK, header + "".join(f"{name}={version}\n" for name, version in pins))
+    text = _apt_header(entry) + snapshot_line(entry) + "".join(f"{name}={version}\n" for name, version in pins)
+    fsutil.write_atomic(out_dir / APT_LOCK, text)
     return len(pins)
 
 
 def write_unpinned_apt(entry: Entry, out_dir: Path, reason: str) -> None:
-    """Where the base cannot be run, record the package names unpinned; `lock --check --strict` flags it."""
-    header = (_HEADER.format(tag=entry.tag) + f"# base: {entry.base}\n# packages: {' '.join(os_packages(entry))}\n"
-              f"# UNPINNED: {reason}\n")
+    """Where the base cannot be run, record the names only: allowed only as a declared matrix exception."""
+    if APT_LOCK not in entry.lock_exceptions:
+        raise UserError(f"{entry.tag}: cannot pin apt packages ({reason})",
+                        f"run lock where the base can be run, or declare `lock_exceptions: {{{APT_LOCK}: reason}}` "
+                        "for the entry in matrix.yaml")
+    header = _apt_header(entry) + f"# EXCEPTION: {entry.lock_exceptions[APT_LOCK]}\n"
     fsutil.write_atomic(out_dir / APT_LOCK, header + "".join(f"{p}\n" for p in os_packages(entry)))
+
+
+def exceptions(entry: Entry) -> list[str]:
+    """The entry's declared lock exceptions, one line each (`apt.lock: reason`), for `list` and the catalog."""
+    return [f"{name}: {reason}" for name, reason in sorted(entry.lock_exceptions.items())]
+
+
+def _lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line and not line.startswith("#")]
 
 
 def apt_problems(entry: Entry, out_dir: Path) -> list[str]:
     path = out_dir / APT_LOCK
     if not path.exists():
-        return [f"{entry.tag}: {path} is missing — run `python -m builder lock {entry.tag}` (needs the base image)"]
+        return [f"{entry.tag}: {path} is missing"]
     text = path.read_text()
     problems = []
     if f"# base: {entry.base}\n" not in text:
-        problems.append(f"{entry.tag}: {path} was made for another base — re-run `python -m builder lock {entry.tag}`")
-    names = {line.split("=", 1)[0] for line in text.splitlines() if line and not line.startswith("#")}
+        problems.append(f"{entry.tag}: {path} is stale: it was made for another base")
+    names = {line.split("=", 1)[0] for line in _lines(text)}
     for package in os_packages(entry):
         if package not in names:
-            problems.append(f"{entry.tag}: {path} lacks {package}")
-    unpinned = [line for line in text.splitlines() if line and not line.startswith("#") and "=" not in line]
+            problems.append(f"{entry.tag}: {path} is stale: it lacks {package}")
+    if APT_LOCK in entry.lock_exceptions:
+        return problems  # names only, by declared exception (its reason is in the file and the catalog)
+    unpinned = [line for line in _lines(text) if "=" not in line]
     if unpinned:
         problems.append(f"{entry.tag}: {path} has unpinned packages: {' '.join(unpinned)}")
+    if not SNAPSHOT_RE.search(text):
+        problems.append(f"{entry.tag}: {path} records no archive snapshot (`# snapshot: URL YYYYMMDDTHHMMSSZ`)")
     return problems
+
+
+def flash_problems(entry: Entry, out_dir: Path) -> list[str]:
+    path = out_dir / FLASH_LOCK
+    url = compat.derive(entry)["flash_attn_wheel"] if entry.pins.get("flash-attn") else None
+    if url is None:
+        return [f"{entry.tag}: {path} is stale: the entry has no flash-attn"] if path.exists() else []
+    if not path.exists():
+        return [f"{entry.tag}: {path} is missing"]
+    text = path.read_text()
+    requirement = next(iter(_lines(text)), "")
+    if not requirement.startswith(f"flash-attn @ {url}"):
+        return [f"{entry.tag}: {path} is stale: it does not pin {url}"]
+    if "--hash=sha256:" not in text and FLASH_LOCK not in entry.lock_exceptions:
+        return [f"{entry.tag}: {path} is unpinned: {url} has no sha256"]
+    return []
+
+
+def exception_problems(entry: Entry, out_dir: Path) -> list[str]:
+    """An exception must still be needed: a lock that is complete makes its exception stale."""
+    problems = []
+    if APT_LOCK in entry.lock_exceptions and (out_dir / APT_LOCK).exists():
+        if all("=" in line for line in _lines((out_dir / APT_LOCK).read_text())):
+            problems.append(f"{entry.tag}: {out_dir / APT_LOCK} is pinned: remove its lock_exceptions entry")
+    if FLASH_LOCK in entry.lock_exceptions:
+        if not entry.pins.get("flash-attn"):
+            problems.append(f"{entry.tag}: lock_exceptions names {FLASH_LOCK} but the entry has no flash-attn")
+        elif "--hash=sha256:" in ((out_dir / FLASH_LOCK).read_text() if (out_dir / FLASH_LOCK).exists() else ""):
+            problems.append(f"{entry.tag}: {out_dir / FLASH_LOCK} is hashed: remove its lock_exceptions entry")
+    return problems
+
+
+def all_problems(entry: Entry, out_dir: Path) -> list[str]:
+    """Everything `lock --check` requires: Python locks, apt.lock and flash-attn.lock complete and current."""
+    problems = check(entry, out_dir) + apt_problems(entry, out_dir) + flash_problems(entry, out_dir)
+    return problems + exception_problems(entry, out_dir)
 
 
 def check(entry: Entry, out_dir: Path) -> list[str]:
     """Offline: does the committed lock still satisfy the entry? Returns problems (empty when fine)."""
     lock_path = out_dir / LOCK
-    if not lock_path.exists() or not (out_dir / TORCH_LOCK).exists():
-        return [f"{entry.tag}: {lock_path} is missing — run `python -m builder lock {entry.tag}`"]
+    missing = [out_dir / name for name in (TORCH_LOCK, LOCK) if not (out_dir / name).exists()]
+    if missing:
+        return [f"{entry.tag}: {path} is missing — run `python -m builder lock {entry.tag}`" for path in missing]
     text = lock_path.read_text()
     torch_text = (out_dir / TORCH_LOCK).read_text()
     blocks = {**parse_blocks(torch_text), **parse_blocks(text)}
@@ -184,27 +301,25 @@ def check(entry: Entry, out_dir: Path) -> list[str]:
             continue
         got = blocks.get(name)
         if got is None:
-            problems.append(f"{entry.tag}: pin {name}=={version} is not in the lock")
+            problems.append(f"{entry.tag}: {lock_path} is stale: pin {name}=={version} is not in it")
         elif got.version != version:
-            problems.append(f"{entry.tag}: pin {name}=={version} breaks the lock, which has {name}=={got.version}")
+            problems.append(f"{entry.tag}: {lock_path} is stale: it has {name}=={got.version}, the matrix {version}")
     for block in blocks.values():
         if "--hash=sha256:" not in block.text:
-            problems.append(f"{entry.tag}: {block.name} has no hash in the lock")
+            problems.append(f"{entry.tag}: {lock_path} is unpinned: {block.name} has no hash")
     if f"# inputs: {inputs_digest(entry)}" not in text:
-        problems.append(f"{entry.tag}: the lock was made from other inputs (Python, index or tooling changed)")
+        problems.append(f"{entry.tag}: {lock_path} is stale: it was made from other inputs (Python, index or pins)")
     if problems:
         problems.append(f"{entry.tag}: run `python -m builder lock {entry.tag}` and commit the result")
     return problems
 
 
 def require_complete(entry: Entry, out_dir: Path) -> None:
-    """Before a build: the lock must match, and flash-attn must be locked where the entry has it."""
-    problems = check(entry, out_dir)
-    if entry.pins.get("flash-attn") and not (out_dir / FLASH_LOCK).exists():
-        problems.append(f"{entry.tag}: flash-attn wheel is not hash-locked ({FLASH_LOCK} missing) — run "
-                        f"`python -m builder lock {entry.tag}` on a machine that reaches github.com")
+    """Before a build: every lock the Dockerfile copies is present and current (committed; CI checks it)."""
+    problems = all_problems(entry, out_dir)
     if problems:
-        raise UserError("\n".join(problems))
+        raise StepFailed("\n".join(problems), "the committed locks do not match matrix.yaml: a repository defect, "
+                         "report it (or re-lock and commit)")
 
 
 # --- the step --------------------------------------------------------------------------------------------
@@ -224,23 +339,27 @@ class Options:
 
 def add_arguments(p) -> None:
     p.add_argument("--check", action="store_true", help="offline: do committed locks satisfy the entries?")
-    p.add_argument("--strict", action="store_true", help="with --check: also require a complete apt lock")
+    p.add_argument("--strict", action="store_true", help="no-op, kept for old scripts (--check checks every lock)")
     p.add_argument("--no-apt", action="store_true", help="skip the apt lock (needs the base image)")
     p.add_argument("--local-base", action="store_true", help="prefer a local image named like the base")
 
 
 def prepare(entries, options: Options) -> None:
-    if options.strict and not options.check:
-        raise UserError("--strict goes with --check")
+    return None
 
 
 def run(entry: Entry, options: Options) -> Done:
     out_dir = paths.tag_dir(entry)
     if options.check:
-        problems = check(entry, out_dir) + (apt_problems(entry, out_dir) if options.strict else [])
+        # Every lock the Dockerfile copies (Python, apt, flash-attn): missing, unpinned or stale fails (exit 1).
+        problems = all_problems(entry, out_dir)
         if problems:
-            raise StepFailed("\n".join(problems))
-        return Done("up to date")
+            raise StepFailed("\n".join(problems), "re-lock (`python -m builder lock TAG`) and commit, or declare "
+                             "a lock_exceptions entry with its reason in matrix.yaml")
+        excepted = exceptions(entry)
+        for line in excepted:
+            log.info(f"{entry.tag}: lock exception: {line}")
+        return Done("up to date", "exceptions: " + "; ".join(excepted) if excepted else "")
     summary = lock(entry, out_dir)
     apt = "skipped"
     if not options.no_apt:

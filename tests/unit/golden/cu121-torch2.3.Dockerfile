@@ -17,7 +17,9 @@ ENV DEBIAN_FRONTEND=noninteractive \
 # An apt mirror is not secret: it may come as a build arg.
 ARG APT_MIRROR=
 COPY apt.lock /opt/train-image/locks/apt.lock
-# docker-clean would empty the apt cache mounts; versions come from apt.lock (builder lock).
+# docker-clean would empty the apt cache mounts; versions come from apt.lock (builder lock). The live archive
+# (or APT_MIRROR) first; once it has dropped a pinned version, the dated snapshot apt.lock records
+# (`# snapshot: URL TIMESTAMP`, snapshot.debian.org / snapshot.ubuntu.com), whose Release files are old by design.
 # hadolint ignore=DL3008,SC2046
 RUN --mount=type=cache,id=apt-lists-cuda-12-1-1-runtime-ubuntu22-04,target=/var/lib/apt/lists,sharing=locked \
     --mount=type=cache,id=apt-cache-cuda-12-1-1-runtime-ubuntu22-04,target=/var/cache/apt,sharing=locked \
@@ -25,8 +27,15 @@ RUN --mount=type=cache,id=apt-lists-cuda-12-1-1-runtime-ubuntu22-04,target=/var/
     if [ -n "$APT_MIRROR" ]; then \
       find /etc/apt/ -name '*.list' -o -name '*.sources' | xargs -r sed -i -E "s#https?://[^ /]+/(debian|ubuntu)#${APT_MIRROR}#g"; \
     fi; \
-    apt-get update -q \
-    && apt-get install -y -q --no-install-recommends $(grep -v '^#' /opt/train-image/locks/apt.lock) \
+    if ! { apt-get update -q && apt-get install -y -q --no-install-recommends $(grep -v '^#' /opt/train-image/locks/apt.lock); }; then \
+      read -r snap_url snap_time < <(sed -n 's/^# snapshot: //p' /opt/train-image/locks/apt.lock) || true; \
+      if [ -z "${snap_time:-}" ]; then echo "error: the apt archive does not serve every version in apt.lock, which records no snapshot" >&2; exit 1; fi; \
+      echo "apt.lock: the live archive lacks a pinned version; retrying from snapshot ${snap_url} ${snap_time}" >&2; \
+      find /etc/apt/ -name '*.list' -o -name '*.sources' | xargs -r sed -i -E "s#https?://[^ /]+/(debian-security|debian|ubuntu)/?#${snap_url}/\\1/${snap_time}/#g"; \
+      { apt-get -o Acquire::Check-Valid-Until=false update -q \
+        && apt-get install -y -q --no-install-recommends $(grep -v '^#' /opt/train-image/locks/apt.lock); } \
+      || { echo "error: neither the live apt archive nor snapshot ${snap_url}/<archive>/${snap_time} serves every version in apt.lock (or neither is reachable): pass --apt-mirror URL for a mirror that does" >&2; exit 1; }; \
+    fi \
     && rm -rf /var/log/apt /var/log/dpkg.log /var/log/alternatives.log /var/cache/ldconfig/aux-cache
 
 # The image's Python environment. PIP_* make every install below non-interactive and quiet.

@@ -1,0 +1,53 @@
+"""requirements-dev.txt installs, hash-checked, on every Python the README promises (3.10 to 3.13).
+
+Resolves against real PyPI with uv for each version (no interpreter of that version needed), and installs
+into a real venv of this machine's own Python the way `make venv` does.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+REQS = ROOT / "requirements-dev.txt"
+pytestmark = pytest.mark.network
+
+
+def _uv(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SSL_CERT_FILE": os.environ.get("SSL_CERT_FILE", "/etc/ssl/certs/ca-certificates.crt")}
+    return subprocess.run([sys.executable, "-m", "uv", *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.mark.parametrize("version", ["3.10", "3.11", "3.12", "3.13"])
+def test_dev_requirements_install_on(version, tmp_path):
+    result = _uv("pip", "install", "--dry-run", "--require-hashes", "--no-deps", "-r", str(REQS),
+                 "--python-version", version, "--python-platform", "x86_64-manylinux_2_28",
+                 "--no-python-downloads", "--target", str(tmp_path / "t"))
+    assert result.returncode == 0, result.stderr
+    assert "check-jsonschema==" in result.stderr + result.stdout
+
+
+def test_dev_requirements_are_the_compiled_input():
+    """The .txt is what `uv pip compile --universal` makes of the .in today (no hand edits, no drift)."""
+    result = _uv("pip", "compile", str(ROOT / "requirements-dev.in"), "--universal", "--python-version", "3.10",
+                 "--no-python-downloads", "--generate-hashes", "--no-header", "--quiet")
+    assert result.returncode == 0, result.stderr
+    committed = "".join(line for line in REQS.read_text().splitlines(keepends=True) if not line.startswith("#"))
+    fresh = "".join(line for line in result.stdout.splitlines(keepends=True) if not line.startswith("#"))
+    pins = {line.split()[0] for line in committed.splitlines() if "==" in line and not line.startswith(" ")}
+    assert pins == {line.split()[0] for line in fresh.splitlines() if "==" in line and not line.startswith(" ")}
+
+
+def test_machine_python_installs_them_with_require_hashes(tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    result = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--require-hashes", "--no-deps",
+                             "-r", str(REQS)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    check = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "check"], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout

@@ -1,0 +1,32 @@
+"""preflight with the real probe, from this machine: every tag either passes or names what it cannot reach
+(exit 3) with the mirror flag. Here (no registry, no GitHub) only the CI entry, with its local base, passes."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from builder.errors import EnvironmentProblem
+from builder.model import matrix
+from builder.steps import preflight
+from tests.conftest import DOCKER, ROOT
+
+
+def image_exists(ref: str) -> bool:
+    return subprocess.run([DOCKER, "image", "inspect", ref], capture_output=True).returncode == 0
+
+
+@pytest.mark.network
+@pytest.mark.docker
+def test_every_tag_passes_or_names_each_unreachable_source(require_docker):
+    for entry in matrix.load(ROOT / "matrix.yaml").entries:
+        out = ROOT / "dockerfiles" / entry.tag
+        try:
+            report = preflight.preflight(entry, out, local_base=True, image_exists=image_exists)
+        except EnvironmentProblem as exc:
+            assert not entry.ci, exc.message
+            for line in exc.message.splitlines():
+                assert line.startswith(f"{entry.tag}: cannot reach the ") and "provide a mirror with --" in line
+            continue
+        assert entry.ci and all(c["ok"] for c in report["checked"])

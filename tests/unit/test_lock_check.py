@@ -1,0 +1,203 @@
+"""`lock --check` on a copy of the real repository: every lock (Python, apt, flash-attn) must be present,
+pinned and current against matrix.yaml, or the entry must declare a visible exception. Exit 1 names tag and file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from builder.errors import StepFailed, UserError
+from builder.model import matrix
+from builder.steps import lock
+from tests.conftest import ROOT, run_cli
+
+CI_TAG = "cu130-torch2.13-bookworm"
+FA_TAG = "cu128-torch2.8"          # flash-attn with a sourced hash
+EXC_TAG = "cu121-torch2.3"         # declared exceptions: apt (base not runnable) and flash-attn (no sourced hash)
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    """The real matrix and committed dockerfiles/, copied; cwd is the copy."""
+    shutil.copy(ROOT / "matrix.yaml", tmp_path / "matrix.yaml")
+    shutil.copytree(ROOT / "dockerfiles", tmp_path / "dockerfiles")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def check(capsys, *tags: str) -> tuple[int, str]:
+    code = run_cli("lock", "--check", *tags)
+    return code, capsys.readouterr().err
+
+
+def test_the_real_repository_passes_and_lists_its_exceptions(repo, capsys):
+    code, err = check(capsys)
+    assert code == 0
+    assert f"{EXC_TAG}: lock exception: apt.lock: nvidia/cuda bases cannot be pulled" in err
+    assert f"{CI_TAG}: lock exception" not in err
+
+
+def test_real_repository_check_from_a_subprocess():
+    """What `make lint` and CI run, on the checkout itself."""
+    proc = subprocess.run([sys.executable, "-m", "builder", "lock", "--check"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("tag,name", [(CI_TAG, "apt.lock"), (CI_TAG, "requirements.lock"), (CI_TAG, "torch.lock"),
+                                      (FA_TAG, "flash-attn.lock"), (EXC_TAG, "flash-attn.lock"),
+                                      (EXC_TAG, "apt.lock")])
+def test_a_deleted_lock_fails_naming_tag_and_file(repo, capsys, tag, name):
+    (repo / "dockerfiles" / tag / name).unlink()
+    code, err = check(capsys)
+    assert code == 1
+    assert f"error: {tag}: dockerfiles/{tag}/{name} is missing" in err
+
+
+def test_an_unpinned_apt_lock_fails(repo, capsys):
+    path = repo / "dockerfiles" / CI_TAG / "apt.lock"
+    path.write_text(path.read_text().replace("g++=4:12.2.0-3\n", "g++\n"))
+    code, err = check(capsys, CI_TAG)
+    assert code == 1
+    assert f"{CI_TAG}: dockerfiles/{CI_TAG}/apt.lock has unpinned packages: g++" in err
+
+
+def test_an_apt_lock_without_snapshot_fails(repo, capsys):
+    path = repo / "dockerfiles" / CI_TAG / "apt.lock"
+    path.write_text("".join(line for line in path.read_text().splitlines(keepends=True)
+                            if not line.startswith("# snapshot:")))
+    code, err = check(capsys, CI_TAG)
+    assert code == 1 and f"dockerfiles/{CI_TAG}/apt.lock records no archive snapshot" in err
+
+
+def test_an_unhashed_flash_attn_lock_fails(repo, capsys):
+    path = repo / "dockerfiles" / FA_TAG / "flash-attn.lock"
+    path.write_text("".join(line.replace(" \\", "") for line in path.read_text().splitlines(keepends=True)
+                            if "--hash=" not in line))
+    code, err = check(capsys, FA_TAG)
+    assert code == 1
+    assert f"{FA_TAG}: dockerfiles/{FA_TAG}/flash-attn.lock is unpinned" in err
+
+
+def test_an_unhashed_python_lock_fails(repo, capsys):
+    path = repo / "dockerfiles" / CI_TAG / "requirements.lock"
+    lines = path.read_text().splitlines(keepends=True)
+    first = lines.index("peft==0.21.2 \\\n")
+    last = first + 1
+    while lines[last].startswith("    --hash="):
+        last += 1
+    path.write_text("".join(lines[:first] + ["peft==0.21.2\n"] + lines[last:]))
+    code, err = check(capsys, CI_TAG)
+    assert code == 1 and f"dockerfiles/{CI_TAG}/requirements.lock is unpinned: peft has no hash" in err
+
+
+def test_a_pin_changed_in_the_matrix_makes_the_python_lock_stale(repo, capsys):
+    text = (repo / "matrix.yaml").read_text()
+    tail = text[text.index(f"- tag: {CI_TAG}"):]
+    (repo / "matrix.yaml").write_text(text.replace(tail, tail.replace("peft: 0.21.2", "peft: 0.21.1")))
+    code, err = check(capsys, CI_TAG)
+    assert code == 1
+    assert f"dockerfiles/{CI_TAG}/requirements.lock is stale: it has peft==0.21.2, the matrix 0.21.1" in err
+
+
+def test_a_base_changed_in_the_matrix_makes_apt_lock_stale(repo, capsys):
+    text = (repo / "matrix.yaml").read_text()
+    (repo / "matrix.yaml").write_text(text.replace("3783cc01769c7b2b1b83a5c5ad96c815348e28ed7da68e2e3687004faa906251",
+                                                   "0" * 64))
+    code, err = check(capsys, CI_TAG)
+    assert code == 1 and f"dockerfiles/{CI_TAG}/apt.lock is stale: it was made for another base" in err
+
+
+def test_a_flash_attn_version_change_makes_its_lock_stale(repo, capsys):
+    text = (repo / "matrix.yaml").read_text()
+    (repo / "matrix.yaml").write_text(text.replace("flash-attn: 2.8.3", "flash-attn: 2.8.3.post1"))
+    code, err = check(capsys, FA_TAG)
+    assert code == 1
+    assert f"dockerfiles/{FA_TAG}/flash-attn.lock is stale: it does not pin https://github.com/Dao-AILab/" \
+           "flash-attention/releases/download/v2.8.3.post1/" in err
+
+
+def test_removing_an_exception_makes_the_unpinned_lock_fail(repo, capsys):
+    text = (repo / "matrix.yaml").read_text()
+    start = text.index(f"- tag: {EXC_TAG}")
+    begin = text.index("    lock_exceptions:", start)
+    (repo / "matrix.yaml").write_text(text[:begin] + text[text.index("\n\n", begin) + 1:])
+    code, err = check(capsys, EXC_TAG)
+    assert code == 1
+    assert f"{EXC_TAG}: dockerfiles/{EXC_TAG}/apt.lock has unpinned packages" in err
+    assert f"{EXC_TAG}: dockerfiles/{EXC_TAG}/flash-attn.lock is unpinned" in err
+
+
+def test_an_exception_for_a_complete_lock_is_itself_stale(repo, capsys):
+    text = (repo / "matrix.yaml").read_text()
+    tail = text[text.index(f"- tag: {CI_TAG}"):]
+    extra = tail.replace("    ci: true\n", '    ci: true\n    lock_exceptions: {apt.lock: "not needed"}\n')
+    (repo / "matrix.yaml").write_text(text.replace(tail, extra))
+    code, err = check(capsys, CI_TAG)
+    assert code == 1 and f"dockerfiles/{CI_TAG}/apt.lock is pinned: remove its lock_exceptions entry" in err
+
+
+def test_exceptions_are_data_for_the_catalog():
+    entries = matrix.load(ROOT / "matrix.yaml").by_tag()
+    assert lock.exceptions(entries[CI_TAG]) == []
+    assert [line.split(":", 1)[0] for line in lock.exceptions(entries[EXC_TAG])] == ["apt.lock", "flash-attn.lock"]
+
+
+def test_an_exception_must_name_an_exceptable_lock(repo, capsys):
+    text = (repo / "matrix.yaml").read_text()
+    (repo / "matrix.yaml").write_text(text.replace('      apt.lock: "nvidia', '      torch.lock: "nvidia', 1))
+    code, err = check(capsys)
+    assert code == 2
+    assert "field 'lock_exceptions': 'torch.lock' cannot be excepted" in err
+
+
+# --- `lock` for flash-attn: the recorded, sourced hash, re-derived where GitHub answers ---------------------
+
+def _unreachable(url):
+    raise OSError("Name or service not known")
+
+
+def test_lock_keeps_the_sourced_hash_where_github_is_unreachable(tmp_path):
+    entry = matrix.load(ROOT / "matrix.yaml").by_tag()[FA_TAG]
+    assert lock._lock_flash_attn(entry, tmp_path, fetch=_unreachable) == "locked"
+    text = (tmp_path / lock.FLASH_LOCK).read_text()
+    assert text == (ROOT / "dockerfiles" / FA_TAG / lock.FLASH_LOCK).read_text()
+    assert text.count("# sha256 source: ") >= 2
+
+
+def test_lock_fails_when_github_serves_other_bytes_naming_both_hashes(tmp_path):
+    entry = matrix.load(ROOT / "matrix.yaml").by_tag()[FA_TAG]
+    with pytest.raises(StepFailed) as exc:
+        lock._lock_flash_attn(entry, tmp_path, fetch=lambda url: "ab" * 32)
+    assert f"downloaded {'ab' * 32}, recorded f25da18657a87fc8" in exc.value.message
+    assert not (tmp_path / lock.FLASH_LOCK).exists()
+
+
+def test_lock_adds_its_own_derivation_to_the_sources_when_they_agree(tmp_path):
+    entry = matrix.load(ROOT / "matrix.yaml").by_tag()[FA_TAG]
+    recorded = lock.recorded_wheels()
+    url = next(u for u in recorded if "2.8.3+cu12torch2.8" in u)
+    lock._lock_flash_attn(entry, tmp_path, fetch=lambda u: recorded[url]["sha256"])
+    assert "re-derived by `builder lock` from GitHub" in (tmp_path / lock.FLASH_LOCK).read_text()
+
+
+def test_lock_without_a_sourced_hash_needs_a_declared_exception(tmp_path):
+    entry = matrix.load(ROOT / "matrix.yaml").by_tag()[EXC_TAG]
+    assert lock._lock_flash_attn(entry, tmp_path, fetch=_unreachable) == "exception"
+    text = (tmp_path / lock.FLASH_LOCK).read_text()
+    assert "# EXCEPTION: no two public sources" in text and "--hash" not in text
+    bare = dataclasses.replace(entry, lock_exceptions={})
+    with pytest.raises(UserError) as exc:
+        lock._lock_flash_attn(bare, tmp_path, fetch=_unreachable)
+    assert "no sourced sha256 for https://github.com/Dao-AILab/" in exc.value.message
+
+
+def test_every_recorded_hash_has_at_least_two_sources():
+    for url, record in lock.recorded_wheels().items():
+        assert len(record["sha256"]) == 64 and int(record["sha256"], 16) >= 0, url
+        assert len(record["sources"]) >= 2, url
