@@ -1,6 +1,7 @@
 """Run one step over many entries with one failure policy, one progress shape and one summary table.
 
-Policy, the same for every step: a tag that fails does not stop the others; each failure is kept with its
+Policy, the same for every step: one process per tag at a time (fsutil.tag_lock: a second one for the same
+tag stops at once with exit 3); a tag that fails does not stop the others; each failure is kept with its
 error for the CLI to print; Ctrl-C stops at once (the running tag is `interrupted`, the rest `not run`) —
 steps write only whole files (temp file + rename), so nothing is left half-done.
 """
@@ -11,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from builder import log
+from builder import fsutil, log
 from builder.errors import BuilderError, EnvironmentProblem, UserError
 from builder.model.matrix import Entry
 from builder.steps import Done
@@ -37,7 +38,7 @@ def run(step: str, entries: Sequence[Entry], fn: Callable[[Entry], Done]) -> lis
     for index, entry in enumerate(entries):
         started = time.monotonic()
         try:
-            with log.step(f"{step} {entry.tag}") as note:
+            with log.step(f"{step} {entry.tag}") as note, fsutil.tag_lock(entry.tag, step):
                 done = fn(entry)
                 note["result"] = done.result
             outcomes.append(Outcome(entry.tag, done.result, time.monotonic() - started, done.detail))

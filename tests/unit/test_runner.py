@@ -1,0 +1,81 @@
+"""One failure policy for every step: failures don't stop other tags, Ctrl-C stops everything cleanly,
+the exit code is the most actionable failure kind, and one process works on a tag at a time."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from builder import runner
+from builder.errors import EnvironmentProblem, StepFailed, UserError
+from builder.model import matrix
+from builder.steps import Done
+from tests.conftest import ROOT, run_cli
+
+
+@pytest.fixture
+def entries(project):
+    return list(matrix.load(project / "matrix.yaml").entries)
+
+
+def test_a_failed_tag_does_not_stop_the_others(entries, capsys):
+    ran = []
+
+    def step(entry):
+        ran.append(entry.tag)
+        if entry is entries[0]:
+            raise StepFailed(f"{entry.tag}: broke")
+        return Done("built", "fine")
+
+    outcomes = runner.run("build", entries, step)
+    assert ran == [e.tag for e in entries]
+    assert [o.result for o in outcomes] == ["failed", "built"]
+    assert runner.exit_code(outcomes) == 1
+    err = capsys.readouterr().err
+    assert "build: 1 of 2 ok" in err and "✕ failed" in err and "✓ built" in err
+
+
+def test_ctrl_c_stops_at_once_and_says_what_did_not_run(entries):
+    def step(entry):
+        raise KeyboardInterrupt
+
+    outcomes = runner.run("publish", entries, step)
+    assert [o.result for o in outcomes] == ["interrupted", "not run"]
+    assert runner.exit_code(outcomes) == 130
+
+
+@pytest.mark.parametrize("errors, code", [
+    ([StepFailed("x")], 1),
+    ([EnvironmentProblem("x"), StepFailed("y")], 3),
+    ([StepFailed("x"), UserError("y")], 2),  # bad input first: nothing else can be fixed before it
+])
+def test_exit_code_is_the_most_actionable_failure(entries, errors, code):
+    queue = list(errors)
+
+    def step(entry):
+        raise queue.pop(0)
+
+    assert runner.exit_code(runner.run("smoke", entries[:len(errors)], step)) == code
+
+
+def test_one_process_per_tag(project, capsys):
+    """A second run on a tag that another process is working on stops with exit 3 and names the holder;
+    when the holder dies, even by kill -9, the tag is free again."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import time\nfrom builder import fsutil\n"
+         "with fsutil.tag_lock('cu130-torch2.13-bookworm', 'build'):\n    print('held', flush=True)\n"
+         "    time.sleep(60)\n"], cwd=project, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert run_cli("lock", "--check", "cu130-torch2.13-bookworm") == 3
+        err = capsys.readouterr().err
+        assert f"`build` (pid {holder.pid}) is working on this tag right now" in err
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert run_cli("lock", "--check", "cu130-torch2.13-bookworm") != 3
