@@ -175,3 +175,24 @@ def test_a_foreign_image_under_the_name_is_never_skipped_to(ci_build, tmp_path):
         assert started, "an image this builder did not build must not be skipped to: " + output[-1500:]
     finally:
         subprocess.run([DOCKER, "tag", original, IMAGE], check=True)
+
+
+def test_two_builds_of_one_tag_at_once(ci_build):
+    """The second stops at once (exit 3, naming the first); the first is not disturbed."""
+    import signal
+    import time
+
+    first = subprocess.Popen([sys.executable, "-m", "builder", "build", CI_TAG, "--local-base", "--force"], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline, seen = time.monotonic() + 300, ""
+        while time.monotonic() < deadline and "build cu130" not in seen:
+            seen += first.stdout.readline()
+        second = subprocess.run([sys.executable, "-m", "builder", "build", CI_TAG, "--local-base", "--force"],
+                                cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 3, second.stderr[-1500:]
+        assert f"`build` (pid {first.pid}) is working on this tag right now" in second.stderr
+        assert first.poll() is None, "the first build must go on"
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.communicate(timeout=180)

@@ -332,6 +332,34 @@ def test_registry_dies_after_full_tag_alias_unmoved(project, registry, images, m
     assert reports.read(TAG, "publish") == before  # no success was recorded
 
 
+def test_kill_9_mid_publish_leaves_the_alias_and_resumes(project, registry, images):
+    """SIGKILL after the full tag and its attestations are in the registry, before the alias: the alias is
+    untouched, no report claims success, and the next run finishes the job with the same digest."""
+    import os
+    import signal
+
+    image_id = images(project)
+    passing_smoke(image_id)
+    argv = [sys.executable, "-m", "builder", "publish", TAG, "--registry", registry.host, "--date", "20261202",
+            "--revision", "abc1234"]
+    proc = subprocess.Popen(argv, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    seen = ""
+    for line in proc.stdout:
+        seen += line
+        if "attached sbom.spdx.json" in line:
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, seen[-2000:]
+    full = f"{TAG}-torch2.3.1-tf4.44.2-ds0.15.1-peft0.12.0-acc0.34.2-nvml12.555.43-fa2.6.3-20261202-abc1234"
+    staged = registry.digest("train", full)
+    assert staged is not None and registry.digest("train", TAG) is None, "the alias must not have moved"
+    assert reports.read(TAG, "publish", required=False) is None
+    assert run_cli("publish", TAG, "--registry", registry.host, "--date", "20261202", "--revision", "abc1234") == 0
+    assert registry.digest("train", TAG) == staged == reports.read(TAG, "publish")["digest"]
+
+
 def test_registry_down_from_the_start(project, registry, images, capsys):
     passing_smoke(images(project))
     registry.stop()
