@@ -186,7 +186,7 @@ def test_two_builds_of_one_tag_at_once(ci_build):
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline, seen = time.monotonic() + 300, ""
-        while time.monotonic() < deadline and "build cu130" not in seen:
+        while time.monotonic() < deadline and "  sources: " not in seen:  # printed under the tag lock
             seen += first.stdout.readline()
         second = subprocess.run([sys.executable, "-m", "builder", "build", CI_TAG, "--local-base", "--force"],
                                 cwd=ROOT, capture_output=True, text=True, timeout=120)
