@@ -77,11 +77,6 @@ def _skippable(entry: Entry, digest: str) -> dict | None:
 
 def run(entry: Entry, options: Options) -> Done:
     started = time.monotonic()
-    checked = preflight.preflight(entry, paths.tag_dir(entry), local_base=options.local_base,
-                                  base_image=options.base_image, apt_mirror=options.apt_mirror,
-                                  flash_attn_mirror=options.flash_attn_mirror,
-                                  image_exists=lambda ref: engine.image_or_none(ref) is not None)
-    log.info("  sources: " + ", ".join(f"{c['source']} {log.mark(c['ok'])}" for c in checked["checked"]))
     context = buildkit.stage_context(entry)
     flash = context / lock.FLASH_LOCK
     if options.flash_attn_mirror and flash.exists():
@@ -95,6 +90,12 @@ def run(entry: Entry, options: Options) -> Done:
         reports.write(entry.tag, NAME, {**previous, "result": "skipped", "reason": "this builder built these inputs",
                                         "duration_s": round(time.monotonic() - started, 1)})
         return Done("skipped", f"same input hash as the last build, {_gb(previous.get('size_bytes'))}")
+    # Only a build that will run needs its sources: an unchanged matrix is skipped without touching the network.
+    checked = preflight.preflight(entry, paths.tag_dir(entry), local_base=options.local_base,
+                                  base_image=options.base_image, apt_mirror=options.apt_mirror,
+                                  flash_attn_mirror=options.flash_attn_mirror,
+                                  image_exists=lambda ref: engine.image_or_none(ref) is not None)
+    log.info("  sources: " + ", ".join(f"{c['source']} {log.mark(c['ok'])}" for c in checked["checked"]))
     facts = json.loads((context / "image.json").read_text())
     code, output, shown = buildkit.run(spec, buildkit.labels(spec, facts, digest), options.ca_bundle)
     base = {"ref": spec.base_ref, "substituted": spec.base_substituted, "image_id": spec.base_id}
