@@ -1,4 +1,24 @@
-"""One exception family; each kind maps to an exit code. Only cli.main() prints and exits."""
+"""One exception family; each kind maps to an exit code. Only cli.main() prints and exits.
+
+Every message and hint is passed through `mask()` when the error is made, so an error can never echo a
+credential someone put into a URL or a registry name (the value is shown with `****@` instead).
+"""
+
+import re
+
+# scheme://user:password@host or user:password@host/...: the userinfo part, wherever it appears.
+# Both alternatives start only at a word boundary (the lookbehinds), which keeps the scan linear: a message
+# of 100k characters is masked in milliseconds, not seconds.
+_USERINFO = re.compile(r"(?P<pre>(?:(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://)|(?<![^\s'\"(=,\[]))[^\s/@'\"]*@(?![A-Za-z][A-Za-z0-9]*:[0-9a-fA-F]{32})(?=[^\s@/'\"]*[.:\[/]|localhost)")
+_QUERY_SECRET = re.compile(r"(?i)((?:token|password|passwd|secret|key|auth|sig|signature)=)[^&\s'\"]+")
+
+
+def mask(text):
+    """`text` with URL credentials (user:password@, token=...) replaced by ****."""
+    if not isinstance(text, str) or ("@" not in text and "=" not in text):
+        return text
+    text = _USERINFO.sub(lambda m: f"{m.group('pre') or ''}****@", text)
+    return _QUERY_SECRET.sub(r"\1****", text)
 
 
 class BuilderError(Exception):
@@ -7,6 +27,7 @@ class BuilderError(Exception):
     exit_code = 1
 
     def __init__(self, message: str, hint: str | None = None):
+        message, hint = mask(message), mask(hint)
         super().__init__(message)
         self.message = message
         self.hint = hint

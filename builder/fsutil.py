@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
+import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -54,3 +57,70 @@ def tag_lock(tag: str, step: str, directory: Path = LOCK_DIR) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+# --- whole trees -----------------------------------------------------------------------------------------
+
+LOCK_WAIT_S = 600.0
+
+
+def write_file(path: Path, text: str) -> None:
+    """Write a new file in a staging tree (not yet visible to anyone), flushed to disk.
+
+    The one place render writes bytes, so tests can fail it (ENOSPC, EROFS) at this boundary."""
+    with open(path, "x", encoding="utf-8", newline="\n") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.chmod(path, 0o644)
+
+
+def copy_file(source: Path, target: Path) -> None:
+    """Copy a regular file's bytes, mode and mtime into a staging tree (never following a link)."""
+    shutil.copy2(source, target, follow_symlinks=False)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def lock_path(tree: Path) -> Path:
+    """The lock file that serialises writers of `tree` (beside it, so swapping the tree keeps it)."""
+    tree = Path(tree)
+    return tree.parent / f".{tree.name}.lock"
+
+
+@contextlib.contextmanager
+def tree_lock(tree: Path, wait_s: float | None = None, on_wait=None):
+    """Hold an exclusive flock for writing `tree`; wait for another holder (saying so once).
+
+    flock is released by the kernel when its holder dies, even by kill -9, so a crash never leaves
+    the tree locked."""
+    path = lock_path(tree)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        deadline = time.monotonic() + (LOCK_WAIT_S if wait_s is None else wait_s)
+        told = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not told and on_wait is not None:
+                    holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "?"
+                    on_wait(f"waiting for another process writing {tree}/ (pid {holder}, lock {path})")
+                    told = True
+                if time.monotonic() > deadline:
+                    waited = LOCK_WAIT_S if wait_s is None else wait_s
+                    raise EnvironmentProblem(f"{path}: still locked by another process after {waited:.0f}s",
+                                             "wait for the other render/lock to finish") from None
+                time.sleep(0.05)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield path
+    finally:
+        os.close(fd)  # releases the flock

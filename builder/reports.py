@@ -19,6 +19,7 @@ from builder.errors import StepFailed, UserError
 from builder.model import paths
 
 STEPS = ("build", "smoke", "publish", "repro")
+MAX_BYTES = 64 << 20  # a report is a few KB; a repro report with capped lists stays far below this
 
 
 @cache
@@ -58,20 +59,28 @@ def write(tag: str, step: str, data: dict) -> Path:
 
 
 def read(tag: str, step: str, required: bool = True, directory: Path | None = None) -> dict | None:
+    from builder.model import yamlread
+
     target = (directory / f"{tag}.{step}.json") if directory is not None else paths.report(tag, step)
-    if not target.exists():
+    if not target.exists() and not target.is_symlink():
         if required:
             raise UserError(f"{target} does not exist", f"run `python -m builder {step} {tag}` first")
         return None
+    rerun = f"re-run `python -m builder {step} {tag}`"
+    data = yamlread.read_bounded(target, MAX_BYTES, what="report")  # a regular file, bounded: else UserError
     try:
-        data = json.loads(target.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"{target} is not valid JSON ({exc})", f"re-run `python -m builder {step} {tag}`") from None
-    found = problems(step, data)
+        parsed = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{target}: byte {exc.start} is not UTF-8", rerun) from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{target} is not valid JSON ({exc.msg})", rerun) from None
+    except RecursionError:
+        raise UserError(f"{target}: JSON nested too deeply", rerun) from None
+    if not isinstance(parsed, dict):
+        raise UserError(f"{target}: expected a JSON object at the top, got {type(parsed).__name__}", rerun)
+    found = problems(step, parsed)
     if found:
-        raise UserError(f"{target} is not a valid {step} report: {found[0]}",
-                        f"re-run `python -m builder {step} {tag}`")
-    if data.get("tag") != tag:
-        raise UserError(f"{target} is the report of tag {data.get('tag')!r}, not {tag!r}",
-                        f"re-run `python -m builder {step} {tag}`")
-    return data
+        raise UserError(f"{target} is not a valid {step} report: {found[0]}", rerun)
+    if parsed.get("tag") != tag:
+        raise UserError(f"{target} is the report of tag {parsed.get('tag')!r}, not {tag!r}", rerun)
+    return parsed

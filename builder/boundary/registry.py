@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.errors import StepFailed, UserError
+from builder.model.reference import PATH_COMPONENT
 
 # Docker image manifests first (what `docker push` writes), then OCI, then lists/indexes: without these
 # Accept headers a v2 registry may answer with a converted schema-1 manifest and another digest.
@@ -30,8 +31,11 @@ ACCEPT = ", ".join((
     "application/vnd.docker.distribution.manifest.list.v2+json",
     "application/vnd.oci.image.index.v1+json",
 ))
-REGISTRY_RE = re.compile(r"^(?P<host>[a-z0-9.-]+|\[[0-9a-f:]+\])(?::(?P<port>[0-9]{1,5}))?(?P<ns>(?:/[a-z0-9._-]+)*)$")
-DIGEST_RE = re.compile(r"^sha256:[a-f0-9]{64}$")
+# Matched with fullmatch (`$` would accept a trailing newline). Namespace parts follow Docker's path-component
+# grammar (builder/model/reference.py), so "..", "." or "a//b" never become part of a repository.
+REGISTRY_RE = re.compile(r"(?P<host>[a-z0-9](?:[a-z0-9.-]*[a-z0-9])?|\[[0-9a-f:]+\])(?::(?P<port>[0-9]{1,5}))?"
+                         rf"(?P<ns>(?:/{PATH_COMPONENT})*)")
+DIGEST_RE = re.compile(r"sha256:[a-f0-9]{64}")
 TIMEOUT_S = 30
 
 
@@ -61,9 +65,9 @@ class Repository:
 
 def repository(registry: str, image: str) -> Repository:
     """`--registry HOST[:PORT][/NAMESPACE]` plus the last path part of the matrix image name."""
-    m = REGISTRY_RE.match(registry.strip().rstrip("/"))
-    if not m:
-        raise UserError(f"--registry {registry!r} is not HOST[:PORT][/NAMESPACE]",
+    m = REGISTRY_RE.fullmatch(registry.strip().rstrip("/"))
+    if not m or "@" in registry:
+        raise UserError(f"--registry {registry[:100]!r} is not HOST[:PORT][/NAMESPACE]",
                         "e.g. ghcr.io/acme or 127.0.0.1:5000")
     host = m.group("host") + (f":{m.group('port')}" if m.group("port") else "")
     namespace = m.group("ns").strip("/")
@@ -172,7 +176,7 @@ def manifest_digest(repo: Repository, reference: str, config: Path | None = None
     if resp is None:
         return None
     digest = resp.headers.get("Docker-Content-Digest", "")
-    if not DIGEST_RE.match(digest):
+    if not DIGEST_RE.fullmatch(digest):
         raise StepFailed(f"{repo.host} sent no usable Docker-Content-Digest for {repo.name}:{reference}")
     return digest
 

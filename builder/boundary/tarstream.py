@@ -55,8 +55,10 @@ def _read_exact(stream, n: int) -> bytes:
 def _pax(data: bytes) -> dict[str, str]:
     fields, pos = {}, 0
     while pos < len(data):
-        space = data.index(b" ", pos)
+        space = data.index(b" ", pos)  # ValueError on a malformed record: the caller reports a bad archive
         length = int(data[pos:space])
+        if length <= space - pos or pos + length > len(data):
+            raise ValueError(f"malformed PAX record at byte {pos}")  # a 0 length would loop forever
         key, _, value = data[space + 1:pos + length - 1].partition(b"=")
         fields[key.decode()] = value.decode("utf-8", "surrogateescape")
         pos += length
@@ -73,6 +75,8 @@ def members(stream) -> Iterator[tuple[tarfile.TarInfo, Member]]:
         if not block or block == bytes(BLOCK):  # the end: Docker writes two zero blocks, some writers none
             return
         info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+        if info.size < 0:
+            raise tarfile.HeaderError(f"negative member size in the header of {info.name[:80]!r}")
         padded = -(-info.size // BLOCK) * BLOCK
         if info.type in (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE,
                          tarfile.SOLARIS_XHDTYPE, tarfile.XGLTYPE):
@@ -88,6 +92,8 @@ def members(stream) -> Iterator[tuple[tarfile.TarInfo, Member]]:
                                    ("uid", "uid", int), ("gid", "gid", int), ("mtime", "mtime", float)):
             if key in pending:
                 setattr(info, attr, convert(pending[key]))
+        if info.size < 0:
+            raise tarfile.HeaderError(f"negative member size for {info.name[:80]!r}")
         if "path" in pending and info.type == tarfile.DIRTYPE:
             info.name = info.name.rstrip("/")
         pending = {}

@@ -15,26 +15,24 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from builder.errors import MatrixError, UserError
-from builder.model import yamlread
+from builder.errors import MatrixError, UserError, mask
+from builder.model import reference, yamlread
 
 DEFAULT_MATRIX = Path("matrix.yaml")
 MAX_ENTRIES = 200
 
 # Docker allows uppercase in tags, but we use the tag as a directory and report name everywhere:
 # lowercase keeps it one identifier on case-insensitive file systems too.
-TAG_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
-IMAGE_NAME_RE = re.compile(
-    r"^(?:[a-z0-9]+(?:[.-][a-z0-9]+)*(?::[0-9]+)?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-    r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$"
-)
-BASE_RE = re.compile(
-    r"^(?P<name>[a-z0-9][a-z0-9._/:-]*?)(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
-    r"(?:@(?P<digest>sha256:[a-f0-9]{64}))?$"
-)
-URL_RE = re.compile(r"^https?://[A-Za-z0-9.-]+(?::[0-9]{1,5})?(?:/[A-Za-z0-9._~%/+-]*)?$")
-LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-NOTE_RE = re.compile(r"^[^\x00-\x1f\x7f\\`$]{0,300}$")  # one printable line: safe in a comment
+# Every pattern here is applied with re.fullmatch: `$` also matches before a final newline, and a value
+# ending in "\n" would split a Dockerfile instruction or name another directory.
+TAG_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
+IMAGE_NAME_RE = reference.NAME_RE
+BASE_RE = reference.REFERENCE_RE
+# No userinfo (credentials belong in a BuildKit secret, not in a file that is committed and rendered),
+# no query or fragment: the URL is written into a RUN instruction.
+URL_RE = re.compile(r"https?://[A-Za-z0-9.-]+(?::[0-9]{1,5})?(?:/[A-Za-z0-9._~%/+-]*)?")
+LABEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+NOTE_RE = re.compile(r"[^\x00-\x1f\x7f\\`$\u0085\u2028\u2029]{0,300}")  # one printable line: safe in a comment
 
 # The Python distributions every image pins, in the order used everywhere (tables, labels, locks).
 PACKAGES = ("torch", "transformers", "deepspeed", "peft", "accelerate", "nvidia-ml-py", "flash-attn")
@@ -63,7 +61,7 @@ class Entry:
 
     @property
     def base_digest(self) -> str | None:
-        return BASE_RE.match(self.base).group("digest")
+        return BASE_RE.fullmatch(self.base).group("digest")
 
     @property
     def base_name(self) -> str:
@@ -103,9 +101,16 @@ def _version(value, fail: Callable[[str, str], None]) -> str:
     try:
         parsed = Version(value)
     except InvalidVersion:
-        fail(f"{value!r} is not a version", 'write an exact version such as "2.3.1" (no ranges)')
+        fail(f"{_shown(value)} is not a version", 'write an exact version such as "2.3.1" (no ranges)')
     if str(parsed) != value:
-        fail(f"{value!r} is not in canonical form", f'write "{parsed}"')
+        fail(f"{_shown(value)} is not in canonical form", f'write "{parsed}"')
+    if parsed.local is not None:
+        # PEP 440 local labels (+cu121) name a build, not a release; '+' is invalid in a Docker tag and
+        # the publish step puts every version into the full tag.
+        fail(f"{value!r} has a local version label '+{parsed.local}'",
+             f'pin the public release "{parsed.public}"; the CUDA build comes from `cuda:` and the index')
+    if parsed.epoch:
+        fail(f"{value!r} has an epoch ('{parsed.epoch}!')", "'!' is invalid in a Docker tag; pin a version without one")
     return value
 
 
@@ -116,16 +121,52 @@ def _short_version(value, fail) -> str:
     return value
 
 
+def _shown(value: str) -> str:
+    """A value as an error shows it: repr (so a newline is visible), shortened, credentials masked."""
+    text = repr(value)
+    return mask(text if len(text) <= 64 else text[:60] + "...'")
+
+
 def _pattern(regex: re.Pattern, what: str, example: str):
     def check(value, fail) -> str:
         if not isinstance(value, str):
             fail(f"expected text, got {type(value).__name__}", f"write {what}, e.g. {example}")
-        if not regex.match(value):
-            shown = value if len(value) <= 60 else value[:57] + "..."
-            fail(f"{shown!r} is not {what}", f"use only the allowed characters, e.g. {example}")
+        if not regex.fullmatch(value):
+            fail(f"{_shown(value)} is not {what}", f"use only the allowed characters, e.g. {example}")
         return value
 
     return check
+
+
+def _reference(value, fail) -> str:
+    if not isinstance(value, str):
+        fail(f"expected text, got {type(value).__name__}", "write an image reference, e.g. debian:bookworm-slim")
+    why = reference.problem(value)
+    if why:
+        fail(f"{_shown(value)} is not an image reference Docker accepts: {why}",
+             "e.g. debian:bookworm-slim@sha256:<64 hex>")
+    return value
+
+
+def _image_name(value, fail) -> str:
+    if not isinstance(value, str):
+        fail(f"expected text, got {type(value).__name__}", "write an image name, e.g. ghcr.io/acme/train")
+    why = reference.name_problem(value)
+    if why:
+        fail(f"{_shown(value)} is not an image name: {why}", "e.g. ghcr.io/acme/train (no tag, no digest)")
+    return value
+
+
+def _index_url(value, fail) -> str:
+    if not isinstance(value, str):
+        fail(f"expected text, got {type(value).__name__}", "write an index URL, e.g. https://pypi.org/simple")
+    if "@" in value:
+        # Never echo the value: the part before '@' is a user name and password or a token.
+        fail("contains credentials (user:password@ or a token before '@'); they are not shown here",
+             "keep the URL plain and give the authenticated URL at build time as a BuildKit secret: "
+             "PIP_INDEX_URL=... python -m builder build (it is mounted as the pip_index_url secret)")
+    return _pattern(URL_RE, "an http(s) index URL without query, fragment or credentials",
+                    "https://pypi.org/simple")(value, fail)
 
 
 def _bool(value, fail) -> bool:
@@ -138,8 +179,8 @@ def _labels(value, fail) -> tuple[str, ...]:
     if not isinstance(value, list) or not value:
         fail("expected a non-empty list of runner labels", "e.g. [self-hosted, linux, x64, gpu]")
     for label in value:
-        if not isinstance(label, str) or not LABEL_RE.match(label):
-            fail(f"{label!r} is not a runner label", "letters, digits, '.', '_' and '-' only")
+        if not isinstance(label, str) or not LABEL_RE.fullmatch(label):
+            fail(f"{_shown(label)} is not a runner label", "letters, digits, '.', '_' and '-' only")
     return tuple(value)
 
 
@@ -161,21 +202,26 @@ def _optional_version(value, fail):
 # key -> (checker, required). Keys may also be given once under `defaults`.
 ENTRY_FIELDS: dict[str, tuple[Callable, bool]] = {
     "tag": (_pattern(TAG_RE, "a valid tag (lowercase a-z 0-9 . _ -, up to 128)", "cu121-torch2.3"), True),
-    "base": (_pattern(BASE_RE, "an image reference", "debian:bookworm-slim@sha256:<64 hex>"), True),
+    "base": (_reference, True),
     "base_source": (_pattern(NOTE_RE, "one line of plain text", '"docker-library/repo-info"'), False),
     "python": (_short_version, True),
     "cuda": (_short_version, True),
     **{name: (_version, True) for name in REQUIRED_PACKAGES},
     "flash-attn": (_optional_version, False),
-    "index_url": (_pattern(URL_RE, "an http(s) index URL", "https://pypi.org/simple"), False),
+    "index_url": (_index_url, False),
     "runner": (_labels, False),
     "ci": (_bool, False),
     "default": (_bool, False),
     "lock_exceptions": (_lock_exceptions, False),
 }
-DEFAULTS_ONLY = {"image": _pattern(IMAGE_NAME_RE, "an image name", "ghcr.io/acme/train")}
+DEFAULTS_ONLY = {"image": _image_name}
 TOP_LEVEL = ("defaults", "entries")
 FALLBACKS = {"index_url": "https://pypi.org/simple", "runner": ["self-hosted", "linux", "x64", "gpu"]}
+
+
+def _key(key: str) -> str:
+    """A key as an error shows it, quoted: plain keys as they are, anything odd as a shortened repr."""
+    return f"'{key}'" if re.fullmatch(r"[A-Za-z0-9_-]{1,40}", key) else _shown(key)
 
 
 def _did_you_mean(key: str, known: Iterable[str]) -> str:
@@ -203,8 +249,11 @@ def load(path: Path = DEFAULT_MATRIX) -> Matrix:
                     "start with `defaults:` and `entries:`")
     for key in data:
         if key not in TOP_LEVEL:
-            report.fail(data.key_lines[key], f"'{key}'", "unknown top-level key", _did_you_mean(key, TOP_LEVEL))
-    defaults = _read_defaults(data.get("defaults", yamlread.LineDict()), report)
+            report.fail(data.key_lines[key], _key(key), "unknown top-level key", _did_you_mean(key, TOP_LEVEL))
+    if "defaults" not in data:
+        report.fail(1, "defaults", "missing: the matrix has no `defaults:` section",
+                    "add `defaults:` with at least `image: <registry>/<name>` (see README)")
+    defaults = _read_defaults(data["defaults"], report)
     raw_entries = data.get("entries")
     if not isinstance(raw_entries, list) or not raw_entries:
         report.fail(data.key_lines.get("entries", 1), "entries", "expected a non-empty list of entries",
@@ -226,13 +275,14 @@ def load(path: Path = DEFAULT_MATRIX) -> Matrix:
 
 def _read_defaults(raw, report: _Reporter) -> dict:
     if not isinstance(raw, yamlread.LineDict):
-        report.fail(1, "defaults", "expected a mapping")
+        report.fail(1, "defaults", f"expected a mapping, got {type(raw).__name__}",
+                    "write `defaults:` followed by indented `key: value` lines")
     known = {**{k: v for k, v in ENTRY_FIELDS.items() if k != "tag"}, **{k: (v, True) for k, v in
                                                                           DEFAULTS_ONLY.items()}}
     values: dict = {"_lines": dict(raw.key_lines)}
     for key, value in raw.items():
         if key not in known:
-            report.fail(raw.key_lines[key], f"defaults, field '{key}'", "unknown key", _did_you_mean(key, known))
+            report.fail(raw.key_lines[key], f"defaults, field {_key(key)}", "unknown key", _did_you_mean(key, known))
         checker = known[key][0]
         values[key] = checker(value, lambda m, h="", k=key: report.fail(raw.key_lines[k],
                                                                          f"defaults, field '{k}'", m, h))
@@ -247,13 +297,13 @@ def _read_entry(raw, index: int, defaults: dict, report: _Reporter) -> Entry:
         report.fail(1, f"entries[{index}]", f"expected a mapping, got {type(raw).__name__}",
                     "each entry is `- tag: ...` followed by its fields")
     tag_value = raw.get("tag")
-    name = f"entry '{tag_value}'" if isinstance(tag_value, str) and len(tag_value) < 60 else f"entries[{index}]"
+    name = f"entry '{tag_value}'" if isinstance(tag_value, str) and TAG_RE.fullmatch(tag_value) else f"entries[{index}]"
     for key in raw:
         if key not in ENTRY_FIELDS:
             hint = _did_you_mean(key, ENTRY_FIELDS)
             if key in DEFAULTS_ONLY:
                 hint = f"'{key}' is shared by all entries: set it once under `defaults:`"
-            report.fail(raw.key_lines[key], f"{name}, field '{key}'", "unknown key", hint)
+            report.fail(raw.key_lines[key], f"{name}, field {_key(key)}", "unknown key", hint)
     values: dict = {}
     lines: dict = {}
     for key, (checker, required) in ENTRY_FIELDS.items():
@@ -291,9 +341,14 @@ def _check_flags(entries: Sequence[Entry], report: _Reporter) -> None:
 
 
 def strict_problems(matrix: Matrix) -> list[str]:
-    """What `validate --strict` adds: every base pinned by digest, with its source noted."""
+    """What `validate --strict` adds: every base pinned by digest, with its source noted; HTTPS indexes only."""
     problems = []
     for e in matrix.entries:
+        if e.index_url.startswith("http://"):
+            # pip verifies hashes, but a plain-HTTP index can still be swapped for an older, vulnerable
+            # (and correctly hashed) pin set at lock time, and it leaks what is installed.
+            problems.append(f"{matrix.path}:{e.line('index_url')}: entry '{e.tag}', field 'index_url': plain http"
+                            " — use an https:// index (a local mirror can serve TLS with the CA passed as --ca-bundle)")
         if not e.base_digest:
             problems.append(f"{matrix.path}:{e.line('base')}: entry '{e.tag}', field 'base': not pinned by digest"
                             " — append @sha256:<digest> (and note where it came from in base_source)")

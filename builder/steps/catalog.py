@@ -8,12 +8,13 @@ A smoke verdict counts only for the image ID it was run on: a report for another
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder import fsutil, log, reports
-from builder.errors import UserError
-from builder.model import compat, paths, proof
+from builder import fsutil, log
+from builder.errors import EnvironmentProblem, UserError
+from builder.model import compat, paths, proof, reference, yamlread
 from builder.model.matrix import PACKAGES, Entry
 
 MARKDOWN, JSON = "IMAGES.md", "images.json"
@@ -38,8 +39,146 @@ def add_arguments(p) -> None:
     p.add_argument("--out", metavar="DIR", default=".", help="where IMAGES.md and images.json go (default: .)")
 
 
+# --- reading reports: types checked before anything is used -------------------------------------------
+
+MAX_REPORT_BYTES = 16 << 20
+_ID = re.compile(r"sha256:[a-f0-9]{64}")
+_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}(?:T[0-9:.]+(?:Z|[+-][0-9:]+)?)?")
+_STR, _INT, _NUM, _BOOL = "text", "an integer", "a number", "true or false"
+_OPT = "or null"
+# step -> field -> (kind, optional, shape). Fields not listed are not read by the catalog and not checked.
+REPORT_FIELDS: dict[str, dict[str, tuple]] = {
+    "build": {"result": (_STR, True, None), "image_id": (_STR, True, _ID), "size_bytes": (_INT, True, None),
+              "versions": ("versions", True, None)},
+    "smoke": {"passed": (_BOOL, True, None), "image_id": (_STR, True, _ID), "mode": (_STR, True, None),
+              "finished_at": (_STR, True, _DATE), "checks": ("checks", True, None)},
+    "publish": {"image_id": (_STR, True, _ID), "registry": (_STR, True, None), "repository": (_STR, False, None),
+                "full_tag": (_STR, False, reference.TAG_RE), "alias": (_STR, True, None),
+                "digest": (_STR, False, _ID), "pull": (_STR, False, None), "published_at": (_STR, True, _DATE),
+                "size_bytes": (_INT, True, None)},
+    "repro": {"result": (_STR, True, None), "verdict": (_STR, True, None), "identical": (_BOOL, True, None),
+              "finished_at": (_STR, True, _DATE), "date": (_STR, True, _DATE), "differences": (_INT, True, None)},
+}
+_FIGURES = {"steps_per_s": _NUM, "loss_first": _NUM, "loss_last": _NUM, "ranks": _INT, "backend": _STR,
+            "largest": "largest"}
+
+
+def _kind_ok(value, kind: str) -> bool:
+    if kind == _STR:
+        return isinstance(value, str)
+    if kind == _INT:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == _NUM:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == _BOOL:
+        return isinstance(value, bool)
+    return True
+
+
+def _type_name(value) -> str:
+    return {dict: "an object", list: "a list", str: "text", bool: "true/false", type(None): "null"}.get(
+        type(value), type(value).__name__)
+
+
+def validate_report(data, path: Path, tag: str, step: str) -> dict:
+    """The report if the fields the catalog reads have the right types and shapes; else UserError naming them."""
+    rerun = f"re-run `python -m builder {step} {tag}`, or delete {path}"
+
+    def fail(field: str, expected: str, value) -> None:
+        raise UserError(f"{path}: field '{field}' must be {expected}, got {_type_name(value)}", rerun)
+
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a JSON object at the top, got {_type_name(data)}", rerun)
+    if "tag" in data and data["tag"] != tag:
+        raise UserError(f"{path}: field 'tag' says {str(data['tag'])[:60]!r}, the file name says '{tag}'", rerun)
+    for field, (kind, optional, shape) in REPORT_FIELDS[step].items():
+        if field not in data or (optional and data[field] is None):
+            continue
+        value = data[field]
+        if kind == "versions":
+            if not isinstance(value, dict):
+                fail(field, "an object of package versions", value)
+            for name, version in value.items():
+                if version is not None and not isinstance(version, str):
+                    fail(f"{field}.{name}", f"{_STR} {_OPT}", version)
+            continue
+        if kind == "checks":
+            if not isinstance(value, list):
+                fail(field, "a list of checks", value)
+            for i, check in enumerate(value):
+                if not isinstance(check, dict):
+                    fail(f"{field}[{i}]", "an object", check)
+                if not isinstance(check.get("name", ""), str):
+                    fail(f"{field}[{i}].name", _STR, check.get("name"))
+                figures = check.get("figures")
+                if figures is None:
+                    continue
+                if not isinstance(figures, dict):
+                    fail(f"{field}[{i}].figures", "an object", figures)
+                for key, want in _FIGURES.items():
+                    got = figures.get(key)
+                    if got is None:
+                        continue
+                    if want == "largest":
+                        if not isinstance(got, dict):
+                            fail(f"{field}[{i}].figures.largest", "an object", got)
+                        for sub, sub_kind in (("bytes", _INT), ("busbw_gbps", _NUM)):
+                            if got.get(sub) is not None and not _kind_ok(got[sub], sub_kind):
+                                fail(f"{field}[{i}].figures.largest.{sub}", sub_kind, got[sub])
+                    elif not _kind_ok(got, want):
+                        fail(f"{field}[{i}].figures.{key}", want, got)
+            continue
+        if not _kind_ok(value, kind):
+            fail(field, kind + (f" {_OPT}" if optional else ""), value)
+        if shape is not None and not shape.fullmatch(value):
+            raise UserError(f"{path}: field '{field}' is not in the expected form ({_md(value)[:80]})", rerun)
+        if field in ("repository",) and reference.name_problem(value):
+            raise UserError(f"{path}: field '{field}' is not a repository name", rerun)
+        if field == "pull" and reference.problem(value):
+            raise UserError(f"{path}: field '{field}' is not an image reference", rerun)
+    return data
+
+
 def _read(directory: Path, tag: str, step: str) -> dict | None:
-    return reports.read(tag, step, required=False, directory=directory)
+    path = directory / f"{tag}.{step}.json"
+    try:
+        data = yamlread.read_bounded(path, MAX_REPORT_BYTES, what="report")
+    except UserError as exc:
+        if not path.exists() and not path.is_symlink():
+            return None
+        raise UserError(exc.message, f"re-run `python -m builder {step} {tag}`, or delete {path}") from None
+    try:
+        parsed = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: byte {exc.start} is not UTF-8", f"re-run `python -m builder {step} {tag}`") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path} is not valid JSON ({exc.msg})", f"re-run `python -m builder {step} {tag}`") from None
+    except RecursionError:
+        raise UserError(f"{path}: JSON nested too deeply", f"re-run `python -m builder {step} {tag}`") from None
+    return validate_report(parsed, path, tag, step)
+
+
+# --- Markdown: nothing from a report may become markup --------------------------------------------------
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\u0085\u2028\u2029]+")
+_MARKUP = re.compile(r"([\\`*_{}\[\]<>()#!|~&@]|:(?=//))")
+_PLAIN_CODE = re.compile(r"[A-Za-z0-9._:/@+-]+")
+
+
+def _md(value) -> str:
+    """Text from a report as inert Markdown: one line, every markup character backslash-escaped, no
+    autolinks (`://`, `www.` and `@` are broken up), so no heading, HTML, link, table cell or code span."""
+    text = _CONTROL.sub(" ", str(value)).strip()
+    if len(text) > 200:
+        text = text[:197] + "..."
+    text = _MARKUP.sub(r"\\\1", text)
+    return re.sub(r"(?i)\b(www)\.", r"\1\\.", text)
+
+
+def _code(value) -> str:
+    """A code span for identifier-like values; anything else as escaped text."""
+    text = str(value)
+    return f"`{text}`" if _PLAIN_CODE.fullmatch(text) else _md(text)
 
 
 def _figures(smoke: dict) -> dict:
@@ -55,7 +194,7 @@ def _figures(smoke: dict) -> dict:
 def _smoke(smoke: dict | None, image_id: str | None) -> dict:
     if smoke is None:
         return {"verdict": "not run"}
-    level = smoke.get("level") or {"kind": smoke.get("mode")}
+    level = smoke.get("level") if isinstance(smoke.get("level"), dict) else {"kind": smoke.get("mode")}
     out = {"verdict": "passed" if smoke.get("passed") is True else "failed", "mode": smoke.get("mode"),
            "level": level, "level_text": proof.gate_phrase(level),
            "date": (smoke.get("finished_at") or "")[:10] or None, "image_id": smoke.get("image_id"),
@@ -68,7 +207,7 @@ def _smoke(smoke: dict | None, image_id: str | None) -> dict:
 def _repro(repro: dict | None) -> dict | None:
     if repro is None:
         return None
-    return {"verdict": repro["result"], "date": (repro.get("finished_at") or "")[:10] or None,
+    return {"verdict": repro.get("result"), "date": (repro.get("finished_at") or "")[:10] or None,
             "differences": repro.get("differences")}
 
 
@@ -87,7 +226,7 @@ def record(entry: Entry, directory: Path) -> dict:
         "image_id": image_id, "size_bytes": size,
         "built": (build or {}).get("result"),
         "ci_builds": entry.ci,
-        "exceptions": list((publish or {}).get("exceptions") or []),
+        "exceptions": [str(x) for x in (publish or {}).get("exceptions") or []],
         "lock_exceptions": [f"{name}: {why}" for name, why in sorted(entry.lock_exceptions.items())],
         "smoke": _smoke(smoke, image_id),
         "published": None if not publish else {k: publish.get(k) for k in (
@@ -111,14 +250,15 @@ def _num(value, fmt: str) -> str:
 def _smoke_cell(s: dict) -> str:
     if s["verdict"] == "not run":
         return "not run"
-    return f"{'✓' if s['verdict'] == 'passed' else '✕'} {s['verdict']} ({s.get('level_text')}, {s.get('date')})"
+    mark = "✓" if s["verdict"] == "passed" else "✕"
+    return f"{mark} {s['verdict']} ({_md(s.get('level_text'))}, {_md(s.get('date'))})"
 
 
 def render_markdown(records: list[dict], source: str) -> str:
-    rows = [[f"`{r['tag']}`", f"`{r['published']['full_tag']}`" if r["published"] else "not published",
-             f"`{r['published']['digest'][:19]}…`" if r["published"] else "—", _gb(r["size_bytes"]), r["min_driver"],
-             _smoke_cell(r["smoke"]), _num(r["smoke"].get("steps_per_s"), ".2f"),
-             _num(r["smoke"].get("busbw_gbps"), ".2f"), (r["repro"] or {}).get("verdict", "—")] for r in records]
+    rows = [[_code(r["tag"]), _code(r["published"]["full_tag"]) if r["published"] else "not published",
+             f"{_code(str(r['published']['digest'])[:19])}…" if r["published"] else "—", _gb(r["size_bytes"]),
+             _md(r["min_driver"]), _smoke_cell(r["smoke"]), _num(r["smoke"].get("steps_per_s"), ".2f"),
+             _num(r["smoke"].get("busbw_gbps"), ".2f"), _md((r["repro"] or {}).get("verdict", "—"))] for r in records]
     lines = [
         "# Images", "",
         f"<!-- generated by `python -m builder catalog` from {source}; do not edit -->", "",
@@ -130,35 +270,37 @@ def render_markdown(records: list[dict], source: str) -> str:
     for r in records:
         if not (r["built"] or r["published"] or r["smoke"]["verdict"] != "not run" or r["lock_exceptions"]):
             continue
-        lines += [f"## `{r['tag']}`", ""]
+        lines += [f"## {_code(r['tag'])}", ""]
         if r["published"]:
             p = r["published"]
-            lines += [f"- full tag: `{p['repository']}:{p['full_tag']}`", f"- digest: `{p['digest']}`",
-                      f"- pull: `docker pull {p['pull']}` (published {p['published_at']})"]
-        lines += [f"- image ID: `{r['image_id']}`" if r["image_id"] else "- image ID: —",
-                  f"- size: {_gb(r['size_bytes'])}, Python {r['python']}, CUDA {r['cuda']}, base {r['base']}",
-                  f"- minimum NVIDIA driver: {r['min_driver']}"]
+            pull = f"`docker pull {p['pull']}`" if _PLAIN_CODE.fullmatch(str(p["pull"])) else _md(p["pull"])
+            full = f"{p['repository']}:{p['full_tag']}"
+            lines += [f"- full tag: {_code(full)}",
+                      f"- digest: {_code(p['digest'])}", f"- pull: {pull} (published {_md(p['published_at'])})"]
+        lines += [f"- image ID: {_code(r['image_id'])}" if r["image_id"] else "- image ID: —",
+                  f"- size: {_gb(r['size_bytes'])}, Python {_md(r['python'])}, CUDA {_md(r['cuda'])}, "
+                  f"base {_md(r['base'])}", f"- minimum NVIDIA driver: {_md(r['min_driver'])}"]
         s = r["smoke"]
         figures = ", ".join(x for x in (
             f"{s['steps_per_s']:.2f} steps/s" if isinstance(s.get("steps_per_s"), (int, float)) else "",
             f"loss {s['loss_first']:.4f} → {s['loss_last']:.4f}"
             if isinstance(s.get("loss_first"), (int, float)) and isinstance(s.get("loss_last"), (int, float)) else "",
-            f"busbw {s['busbw_gbps']:.2f} GB/s ({s.get('ranks')} ranks {s.get('backend')})"
+            f"busbw {s['busbw_gbps']:.2f} GB/s ({_md(s.get('ranks'))} ranks {_md(s.get('backend'))})"
             if isinstance(s.get("busbw_gbps"), (int, float)) else "") if x)
         lines.append(f"- smoke: {_smoke_cell(s)}" + (f": {figures}" if figures else ""))
         lines.append(f"- proven: {'built by our CI in every run' if r['ci_builds'] else 'not built by our CI'}; "
-                     f"gate {s.get('level_text', 'none')}")
+                     f"gate {_md(s.get('level_text', 'none'))}")
         for line in r["lock_exceptions"]:
-            lines.append(f"- lock exception (declared in matrix.yaml): {line}")
+            lines.append(f"- lock exception (declared in matrix.yaml): {_md(line)}")
         if r["exceptions"]:
-            lines.append(f"- published with exceptions: {', '.join(r['exceptions'])} (see docs/publishing.md)")
+            lines.append(f"- published with exceptions: {_md(', '.join(r['exceptions']))} (see docs/publishing.md)")
         if r["repro"]:
             rp = r["repro"]
-            extra = [f"{rp['differences']} differences" if rp.get("differences") is not None else "",
-                     rp.get("date") or ""]
-            lines.append(f"- rebuild from scratch: {rp['verdict']}"
+            extra = [f"{_md(rp['differences'])} differences" if rp.get("differences") is not None else "",
+                     _md(rp.get("date") or "")]
+            lines.append(f"- rebuild from scratch: {_md(rp['verdict'])}"
                          + (f" ({', '.join(x for x in extra if x)})" if any(extra) else ""))
-        lines += ["", log.table(("package", "version"), [[k, v or "—"] for k, v in r["versions"].items()]),
+        lines += ["", log.table(("package", "version"), [[_md(k), _md(v or "—")] for k, v in r["versions"].items()]),
                   f"\nVersions: {r['versions_source']}.", ""]
     return "\n".join(lines).rstrip("\n") + "\n"
 
@@ -168,23 +310,42 @@ def generate(entries: list[Entry], directory: Path) -> dict[str, str]:
     return {MARKDOWN: render_markdown(records, "the step reports"), JSON: render_json(records)}
 
 
+def _fs_error(exc: OSError, what: str) -> EnvironmentProblem:
+    return EnvironmentProblem(f"{exc.filename or what}: cannot {'read' if 'read' in what else 'write'} "
+                              f"({exc.strerror or exc})", "fix the permissions or free disk space, then run again")
+
+
 def main(args: Options, m) -> int:
     directory = Path(args.reports) if args.reports else paths.reports_dir()
-    files = generate(list(m.entries), directory)
+    if not directory.is_dir():
+        # An empty catalog from a mistyped or unmounted directory would look like "nothing was built".
+        state = "is not a directory" if directory.exists() else "does not exist"
+        raise UserError(f"{directory}: the reports directory {state}",
+                        "run build/smoke/publish first, or pass --reports DIR (a CI artifact of build/reports)")
+    try:
+        files = generate(list(m.entries), directory)
+    except OSError as exc:
+        raise _fs_error(exc, f"read {directory}") from None
     out = Path(args.out)
     if args.check:
-        stale = [name for name, text in files.items()
-                 if not (out / name).exists() or (out / name).read_text() != text]
+        try:
+            stale = [name for name, text in files.items() if not (out / name).is_file()
+                     or (out / name).read_text(encoding="utf-8", errors="replace") != text]
+        except OSError as exc:
+            raise _fs_error(exc, f"read {out}") from None
         if stale:
             raise UserError(f"{', '.join(str(out / n) for n in stale)}: stale (the reports say otherwise)",
                             "run `python -m builder catalog` and commit the result")
         log.info(f"{MARKDOWN} and {JSON} are up to date")
         return 0
-    for name, text in files.items():
-        target = out / name
-        if not target.exists() or target.read_text() != text:
-            fsutil.write_atomic(target, text)
-            log.info(f"wrote {target}")
+    try:
+        for name, text in files.items():
+            target = out / name
+            if not target.is_file() or target.read_text(encoding="utf-8", errors="replace") != text:
+                fsutil.write_atomic(target, text)
+                log.info(f"wrote {target}")
+    except OSError as exc:
+        raise _fs_error(exc, str(out)) from None
     if out.resolve() == Path(".").resolve():
         # The README's table shows how far each tag is proven, read from images.json: keep it in step.
         from builder.steps import readme

@@ -185,6 +185,9 @@ def _mb(n: int) -> str:
 def main(options: Options, m) -> int:
     fail_on = parse_fail_on(options.fail_on)
     refs = [resolve(options.a, m), resolve(options.b, m)]
+    for ref in refs:  # both names checked before the engine is asked about either
+        if not manifest.is_archive(ref):
+            manifest.check_image_name(ref)
     manifests = []
     for ref in refs:
         with log.step(f"manifest {ref}") as note:

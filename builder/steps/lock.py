@@ -8,6 +8,7 @@ every tag that shares a base and a torch shares that multi-GB layer.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import time
 import urllib.request
@@ -41,6 +42,17 @@ class Block:
     version: str
     text: str  # the requirement with its --hash continuation lines
     via: set
+
+
+def _write(path: Path, text: str) -> None:
+    # Under the tree's flock: a render swapping dockerfiles/ at the same moment would otherwise retire
+    # the directory this lock file was just written into.
+    with fsutil.tree_lock(path.parent.parent, on_wait=log.info):
+        for place in (path.parent.parent, path.parent):
+            if place.is_symlink():
+                raise UserError(f"{place} is a symbolic link (to {os.readlink(place)}); lock will not write through it",
+                                f"replace {place} with a real directory inside the repository")
+        fsutil.write_atomic(path, text)
 
 
 def lock_inputs(entry: Entry) -> str:
@@ -101,8 +113,8 @@ def lock(entry: Entry, out_dir: Path) -> dict:
                     f"#   python={entry.python} platform={PLATFORM} index={entry.index_url} torch=={entry.torch}\n")
     torch_text = torch_header + "".join(blocks[n].text for n in torch_names)
     rest = header + "".join(b.text for n, b in blocks.items() if n not in torch_names)
-    fsutil.write_atomic(out_dir / TORCH_LOCK, torch_text)
-    fsutil.write_atomic(out_dir / LOCK, rest)
+    _write(out_dir / TORCH_LOCK, torch_text)
+    _write(out_dir / LOCK, rest)
     summary = {"packages": len(blocks), "torch_layer": len(torch_names), "flash_attn": None}
     if entry.pins.get("flash-attn"):
         summary["flash_attn"] = _lock_flash_attn(entry, out_dir)
@@ -160,7 +172,7 @@ def _lock_flash_attn(entry: Entry, out_dir: Path, fetch=download_sha256) -> str:
         raise UserError(f"{entry.tag}: no sourced sha256 for {url} and GitHub is unreachable",
                         "record one in builder/data/flash-attn-wheels.yaml (two agreeing public sources) or "
                         f"declare `lock_exceptions: {{{FLASH_LOCK}: reason}}` for the entry in matrix.yaml")
-    fsutil.write_atomic(out_dir / FLASH_LOCK, flash_lock_text(entry, url, sha256, sources))
+    _write(out_dir / FLASH_LOCK, flash_lock_text(entry, url, sha256, sources))
     return "locked" if sha256 else "exception"
 
 
@@ -205,7 +217,7 @@ def lock_apt(entry: Entry, out_dir: Path, base_ref: str) -> int:
                         f"{output.strip().splitlines()[-1] if output.strip() else 'no output'}")
     pins = sorted(set(re.findall(r"^Inst (\S+) (?:\[[^\]]*\] )?\((\S+)", output, flags=re.M)))
     text = _apt_header(entry) + snapshot_line(entry) + "".join(f"{name}={version}\n" for name, version in pins)
-    fsutil.write_atomic(out_dir / APT_LOCK, text)
+    _write(out_dir / APT_LOCK, text)
     return len(pins)
 
 
@@ -216,7 +228,7 @@ def write_unpinned_apt(entry: Entry, out_dir: Path, reason: str) -> None:
                         f"run lock where the base can be run, or declare `lock_exceptions: {{{APT_LOCK}: reason}}` "
                         "for the entry in matrix.yaml")
     header = _apt_header(entry) + f"# EXCEPTION: {entry.lock_exceptions[APT_LOCK]}\n"
-    fsutil.write_atomic(out_dir / APT_LOCK, header + "".join(f"{p}\n" for p in os_packages(entry)))
+    _write(out_dir / APT_LOCK, header + "".join(f"{p}\n" for p in os_packages(entry)))
 
 
 def exceptions(entry: Entry) -> list[str]:

@@ -18,16 +18,18 @@ import hashlib
 import io
 import json
 import posixpath
+import stat
 import subprocess
 import tarfile
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from builder import fsutil, log
 from builder.boundary import engine, tarstream
 from builder.errors import EnvironmentProblem, UserError
-from builder.model import paths
+from builder.model import paths, reference
 
 FORMAT = 1
 CHUNK = 1 << 20
@@ -206,8 +208,33 @@ class _Peek(io.RawIOBase):
         return self.rest.readinto(buf)
 
 
-def read_save(stream) -> dict:
-    """Parse a `docker save` tar stream (Docker's legacy layout or OCI layout) into config + layers."""
+MAX_BLOB = 16 << 20  # manifest.json and image configs are kilobytes; a bigger JSON member is not read
+_BAD_ARCHIVE = (EOFError, tarfile.TarError, ValueError, zlib.error, gzip.BadGzipFile, UnicodeError, KeyError,
+                IndexError, TypeError, RecursionError)
+
+
+def read_save(stream, source: str = "the archive") -> dict:
+    """Parse a `docker save` tar stream into config + layers; a malformed one is a UserError naming `source`."""
+    try:
+        return _read_save(stream)
+    except UserError as exc:
+        raise UserError(f"{source}: {exc.message}", exc.hint or "pass the output of `docker save IMAGE`") from None
+    except _BAD_ARCHIVE as exc:
+        reason = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+        raise UserError(f"{source}: not a valid `docker save` archive ({reason})",
+                        "pass the complete output of `docker save IMAGE`") from None
+
+
+def _json_blob(blobs: dict, name: str, what: str):
+    if name not in blobs:
+        raise UserError(f"the archive lacks its {what} ({name[:120]!r})")
+    try:
+        return json.loads(blobs[name])
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{name[:120]} is not valid JSON ({getattr(exc, 'msg', exc)})") from None
+
+
+def _read_save(stream) -> dict:
     blobs: dict[str, bytes] = {}
     layers: dict[str, dict] = {}
     for member, data in tarstream.members(stream):
@@ -219,15 +246,24 @@ def read_save(stream) -> dict:
             if head[:2] == b"\x1f\x8b":  # OCI layouts may keep layers compressed
                 raw = io.BufferedReader(gzip.GzipFile(fileobj=raw), CHUNK)
             layers[member.name] = read_layer(raw)
-        elif member.size < 64 << 20:
+        elif member.size <= MAX_BLOB:
             blobs[member.name] = head + data.read()
     if "manifest.json" not in blobs:
         raise UserError("not a `docker save` archive: no manifest.json in it")
-    top = json.loads(blobs["manifest.json"])[0]
-    config = json.loads(blobs[top["Config"]])
+    listing = _json_blob(blobs, "manifest.json", "manifest.json")
+    if not isinstance(listing, list) or not listing or not isinstance(listing[0], dict):
+        raise UserError("manifest.json is not a non-empty list of image descriptions")
+    top = listing[0]
+    if not isinstance(top.get("Config"), str) or not isinstance(top.get("Layers"), list) \
+            or not all(isinstance(name, str) for name in top["Layers"]):
+        raise UserError("manifest.json lacks `Config` (text) or `Layers` (a list of names)")
+    config = _json_blob(blobs, top["Config"], "image config")
+    if not isinstance(config, dict) or not isinstance(config.get("rootfs", {}), dict) \
+            or not isinstance(config.get("rootfs", {}).get("diff_ids", []), list):
+        raise UserError(f"{top['Config'][:120]} is not an image config (no rootfs.diff_ids list)")
     missing = [name for name in top["Layers"] if name not in layers]
     if missing:
-        raise UserError(f"the archive lacks layers {missing[:3]}")
+        raise UserError(f"the archive lacks layers {[m[:80] for m in missing[:3]]}")
     return {"config": config, "config_name": top["Config"], "order": top["Layers"], "layers": layers}
 
 
@@ -255,6 +291,23 @@ def build_manifest(saved: dict, image: str) -> dict:
     return manifest
 
 
+def is_archive(image: str) -> bool:
+    """A `docker save` file (or a pipe carrying one); a directory or device is refused, not read."""
+    try:
+        mode = Path(image).stat().st_mode
+    except OSError:  # missing, or not even a valid path (too long, a loop): an image name is meant
+        return False
+    if stat.S_ISREG(mode) or stat.S_ISFIFO(mode):
+        return True
+    if "/" in image or not reference.parse(image):
+        raise UserError(f"{image}: is {'a directory' if stat.S_ISDIR(mode) else 'not a regular file'}, "
+                        "not a `docker save` archive", "pass a tar file written by `docker save IMAGE -o FILE`")
+    return False  # a directory that happens to be named like an image in cwd: the image is meant
+
+
+check_image_name = reference.check_image_name  # kept here too: manifest and diff callers
+
+
 def image_id(image: str) -> str | None:
     found = engine.image_or_none(image)
     return found.id if found is not None else None
@@ -267,23 +320,30 @@ def cache_path(ident: str) -> Path:
 def manifest(image: str, cache: bool = True) -> dict:
     """The manifest of a local image (or a `docker save` tar file). Cached by image ID: an ID is content."""
     started = time.monotonic()
-    if Path(image).is_file():
-        with open(image, "rb") as fh:
-            result = build_manifest(read_save(fh), image)
+    if is_archive(image):
+        try:
+            with open(image, "rb") as fh:
+                result = build_manifest(read_save(fh, image), image)
+        except OSError as exc:
+            raise UserError(f"{image}: cannot read ({exc.strerror or exc})", "pass a `docker save` tar file") from None
         result["stats"] = {"seconds": round(time.monotonic() - started, 1), "cached": False}
         return result
+    check_image_name(image)
     ident = image_id(image)
     if ident is None:
         raise UserError(f"image {image} is not here", "build it, or `docker pull` it first")
     cached = cache_path(ident)
-    if cache and cached.exists():
-        result = json.loads(cached.read_text())
+    try:
+        result = json.loads(cached.read_text()) if cache and cached.exists() else None
+    except (OSError, ValueError):
+        result = None  # a damaged cache entry is rebuilt, not trusted
+    if isinstance(result, dict):
         result["image"] = image
         result["stats"] = {"seconds": round(time.monotonic() - started, 1), "cached": True}
         return result
     proc = _save_stream(ident)
     try:
-        saved = read_save(proc.stdout)
+        saved = read_save(proc.stdout, f"`docker save {image}`")
     finally:
         proc.stdout.close()
         err = proc.stderr.read().decode("utf-8", "replace")
@@ -305,8 +365,9 @@ def dumps(result: dict) -> str:
 
 
 def main(options: Options, m=None) -> int:
-    if not Path(options.image).is_file():
-        engine.sdk()  # a `docker save` tar file needs no engine
+    if not is_archive(options.image):
+        check_image_name(options.image)
+        engine.sdk()  # only an image name needs the engine; a tar file is read here
     with log.step(f"manifest {options.image}") as note:
         result = manifest(options.image)
         t, s = result["totals"], result["stats"]
@@ -314,7 +375,11 @@ def main(options: Options, m=None) -> int:
                           f"and {len(result['os_packages'])} OS packages, {len(result['layers'])} layers "
                           f"in {s['seconds']}s{' (cached)' if s['cached'] else ''}")
     if options.output:
-        fsutil.write_atomic(Path(options.output), dumps(result))
+        try:
+            fsutil.write_atomic(Path(options.output), dumps(result))
+        except OSError as exc:
+            raise EnvironmentProblem(f"{options.output}: cannot write ({exc.strerror or exc})",
+                                     "pick a writable path with free space") from None
     else:
         print(dumps(result), end="")
     return 0

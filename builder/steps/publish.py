@@ -88,15 +88,8 @@ def add_arguments(p) -> None:
 
 def prepare(entries, options: Options) -> Options:
     """Flags first, before any Docker or registry I/O; then the password, read once from stdin."""
-    registry.repository(options.registry, "x")  # syntax
-    if options.date is not None and not re.fullmatch(r"20[0-9]{6}", options.date):
-        raise UserError(f"--date {options.date!r} is not YYYYMMDD", "e.g. --date 20261202")
-    if not 1 <= options.retries <= 10:
-        raise UserError(f"--retries {options.retries}: give 1 to 10")
-    if options.username and not options.password_stdin:
-        raise UserError("--username needs --password-stdin", "or log in once with `docker login`")
-    if options.password_stdin and not options.username:
-        raise UserError("--password-stdin needs --username")
+    validate_options(options.registry, options.date, options.retries, options.username, options.password_stdin,
+                     options.revision)
     password = None
     if options.password_stdin and not options.dry_run:
         password = sys.stdin.read().rstrip("\r\n")
@@ -106,6 +99,49 @@ def prepare(entries, options: Options) -> Options:
     engine.sdk()
     engine.client()
     return replace(options, password=password)
+
+
+# --- flags, checked before any Docker or registry I/O --------------------------------------------------
+
+MAX_RETRIES = 10
+
+
+def validate_options(registry_arg: str, date: str | None = None, retries: int = 3, username: str | None = None,
+                     password_stdin: bool = False, revision: str | None = None) -> None:
+    """Every publish flag that can be wrong, checked without I/O; raises UserError (exit 2).
+
+    No message echoes a credential: a --registry holding one is refused without showing it."""
+    if not isinstance(registry_arg, str) or not registry_arg.strip():
+        raise UserError("--registry is empty", "e.g. --registry ghcr.io/acme or 127.0.0.1:5000")
+    if re.search(r"[\s\x00-\x1f\x7f]", registry_arg):
+        raise UserError("--registry contains whitespace or control characters", "e.g. --registry ghcr.io/acme")
+    if "@" in registry_arg:
+        raise UserError("--registry contains credentials (something@host); the value is not shown here",
+                        "pass --registry HOST[/NAMESPACE] and log in with --username U --password-stdin")
+    if "://" in registry_arg:
+        raise UserError(f"--registry {registry_arg[:100]!r} is a URL; give HOST[:PORT][/NAMESPACE]",
+                        "e.g. --registry ghcr.io/acme (drop the scheme)")
+    repo = registry.repository(registry_arg, "x")  # raises UserError on bad syntax
+    port = repo.host.rsplit(":", 1)[1] if ":" in repo.host and not repo.host.endswith("]") else None
+    if port is not None and not 0 < int(port) < 65536:
+        raise UserError(f"--registry port {port} is out of range", "ports are 1 to 65535")
+    if date is not None:
+        try:
+            valid = bool(re.fullmatch(r"20[0-9]{6}", date)) and datetime.strptime(date, "%Y%m%d") is not None
+        except ValueError:
+            valid = False
+        if not valid:
+            raise UserError(f"--date {date[:40]!r} is not a date as YYYYMMDD", "e.g. --date 20261202")
+    if isinstance(retries, bool) or not isinstance(retries, int) or not 1 <= retries <= MAX_RETRIES:
+        raise UserError(f"--retries {retries!r}: must be 1 to {MAX_RETRIES}", "e.g. --retries 3")
+    if username is not None and not password_stdin:
+        raise UserError("--username needs --password-stdin", "or log in once with `docker login`")
+    if password_stdin and not username:
+        raise UserError("--password-stdin needs --username")
+    if username is not None and not re.fullmatch(r"[^\s\x00-\x1f\x7f:]{1,256}", username):
+        raise UserError("--username is not a user name (empty, whitespace, ':' or control characters)")
+    if revision is not None and not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", revision):
+        raise UserError(f"--revision {revision[:40]!r} is not a revision", "e.g. --revision a94488e")
 
 
 # --- what may be published, and under which names -----------------------------------------------------

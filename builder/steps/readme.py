@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from builder import fsutil, log
+from builder.errors import EnvironmentProblem
 from builder.model import compat, proof
 from builder.model.matrix import Matrix
 
@@ -37,7 +38,12 @@ def write(m: Matrix, path: Path = README) -> list[Path]:
     new = _updated(text, m)
     if new is None or new == text:
         return []
-    fsutil.write_atomic(path, new)
+    try:
+        fsutil.write_atomic(path, new)
+    except OSError as exc:
+        raise EnvironmentProblem(f"{path}: cannot write ({exc.strerror or exc}); dockerfiles/ is rendered, the "
+                                 "README table is not",
+                                 "free disk space or fix the permissions, then render again") from None
     return [path]
 
 

@@ -1,25 +1,36 @@
 """Render each entry into dockerfiles/<tag>/ (step 4): Dockerfile and image.json (the facts file).
 
-Everything is rendered in memory first; files are written only when every entry rendered, each by
-an atomic rename. `check` compares the committed tree with a fresh render (staleness, extra dirs).
+Everything is rendered in memory first. The whole new tree is then staged beside dockerfiles/ (the old
+tree's other files, such as the locks written by `lock`, copied in) and swapped in by one atomic
+exchange, so a failure, a signal or a kill -9 leaves either the old tree or the new one, never a mix
+across tags; the next run finishes or removes what an interrupted one left. Writers are serialised by a
+flock beside the tree. `check` compares the committed tree with a fresh render (staleness, extra dirs).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import os
+import re
 import shutil
+import signal
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
 
 from builder import fsutil, log
-from builder.errors import UserError
+from builder.errors import BuilderError, EnvironmentProblem, UserError
 from builder.model import compat, paths
-from builder.model.matrix import Entry, Matrix, select
+from builder.model.matrix import TAG_RE, Entry, Matrix, select
 
 OUT_DIR = paths.DOCKERFILES
 FACTS_SCHEMA = 1
+# The temp names fsutil.write_atomic makes (mkstemp(prefix=".NAME.")) for the files of a tag directory.
+TEMP_RE = re.compile(r"\.(?:Dockerfile|image\.json|[A-Za-z0-9_.-]+\.lock)\.[a-z0-9_]{8}")
 
 
 def _environment() -> jinja2.Environment:
@@ -74,23 +85,254 @@ def render_all(entries: list[Entry]) -> dict[str, dict[str, str]]:
     return {e.tag: render_entry(e) for e in entries}
 
 
-def write(rendered: dict[str, dict[str, str]], out_dir: Path = OUT_DIR) -> list[Path]:
-    written = []
+# --- writing the tree: staged beside dockerfiles/, then swapped in ------------------------------------
+
+
+class Interrupted(BuilderError):
+    """SIGTERM during a render: the staging tree is removed, the old tree stays."""
+
+    exit_code = 143
+
+
+def staging_dir(out_dir: Path) -> Path:
+    return out_dir.parent / f".{out_dir.name}.render-new"
+
+
+def retired_dir(out_dir: Path) -> Path:
+    return out_dir.parent / f".{out_dir.name}.render-old"
+
+
+def ready_marker(out_dir: Path) -> Path:
+    """Exists only while a complete staging tree waits to be swapped in: tells recovery to finish the swap."""
+    return out_dir.parent / f".{out_dir.name}.render-ready"
+
+
+def tag_dir(root: Path, tag: str) -> Path:
+    """dockerfiles/<tag>: a validated tag is one path component, never '.', '..' or anything with '/'."""
+    if not TAG_RE.fullmatch(tag):
+        raise UserError(f"refusing to render tag {tag!r}: not a valid tag", "tags are lowercase a-z 0-9 . _ -")
+    path = root / tag
+    if path.parent != root or os.path.normpath(path) != str(path):
+        raise UserError(f"refusing to render tag {tag!r}: it would leave {root}/")
+    return path
+
+
+def _refuse_links(out_dir: Path) -> None:
+    """Render replaces dockerfiles/ and every dockerfiles/<tag>/ wholesale: it never writes through a link."""
+    if out_dir.is_symlink():
+        raise UserError(f"{out_dir} is a symbolic link (to {os.readlink(out_dir)}); render will not write through it",
+                        f"replace {out_dir} with a real directory inside the repository")
+    if not out_dir.exists():
+        return
+    if not out_dir.is_dir():
+        raise UserError(f"{out_dir} exists but is not a directory", f"move it away; render creates {out_dir}/")
+    for root, dirs, files in os.walk(out_dir):
+        for name in dirs + files:
+            path = Path(root) / name
+            if path.is_symlink():
+                raise UserError(f"{path} is a symbolic link (to {os.readlink(path)}); render will not write or copy "
+                                "through links", f"replace it with a real {'directory' if name in dirs else 'file'}")
+            if not (path.is_dir() or path.is_file()):
+                raise UserError(f"{path} is not a regular file or directory", "remove it")
+
+
+def recover(out_dir: Path = OUT_DIR) -> list[str]:
+    """Finish or undo what an interrupted (kill -9, power loss) render left; say what was done.
+
+    Rule: while dockerfiles/ exists it is the truth and every leftover is garbage. When it is missing, a
+    render died between the two renames of its swap: a staging tree marked ready is complete and is moved
+    in; otherwise the retired old tree is moved back."""
+    notes = []
+    staging, retired, ready = staging_dir(out_dir), retired_dir(out_dir), ready_marker(out_dir)
+    if not out_dir.exists() and not out_dir.is_symlink():
+        if staging.is_dir() and ready.exists():
+            os.rename(staging, out_dir)
+            notes.append(f"finished the swap of an interrupted render: {staging} is now {out_dir}")
+        elif retired.is_dir():
+            os.rename(retired, out_dir)
+            notes.append(f"restored {out_dir} from {retired} (a render was interrupted mid-swap)")
+    for leftover in (staging, retired):
+        if leftover.exists() or leftover.is_symlink():
+            if leftover.is_dir() and not leftover.is_symlink():
+                shutil.rmtree(leftover)
+            else:
+                leftover.unlink()
+            notes.append(f"removed {leftover}, left by an interrupted render")
+    if ready.exists():
+        ready.unlink()
+    if out_dir.is_dir() and not out_dir.is_symlink():
+        for root, _, files in os.walk(out_dir):
+            for name in files:
+                if TEMP_RE.fullmatch(name):  # fsutil.write_atomic's temp file, orphaned by a kill
+                    (Path(root) / name).unlink()
+                    notes.append(f"removed {Path(root) / name}, a temp file left by an interrupted write")
+    return notes
+
+
+def _plan(rendered: dict[str, dict[str, str]], out_dir: Path, keep: set[str] | None) -> tuple[list, list]:
+    """(files whose content changes, tag directories to remove). keep=None: keep every directory."""
+    changed = []
     for tag, files in rendered.items():
+        base = tag_dir(out_dir, tag)
         for name, text in files.items():
-            path = out_dir / tag / name
-            if not path.exists() or path.read_text() != text:
-                fsutil.write_atomic(path, text)
-                written.append(path)
-    return written
+            path = base / name
+            try:
+                same = path.is_file() and path.read_text(encoding="utf-8") == text
+            except (OSError, UnicodeDecodeError):
+                same = False
+            if not same:
+                changed.append(path)
+    removed = []
+    if keep is not None and out_dir.is_dir():
+        removed = sorted(p for p in out_dir.iterdir() if p.is_dir() and p.name not in keep)
+    return changed, removed
+
+
+def _stage(rendered: dict[str, dict[str, str]], out_dir: Path, staging: Path, removed: list[Path]) -> None:
+    """The whole new tree in `staging`: the old tree's files (locks!) copied, rendered files written over."""
+    staging.mkdir()
+    if out_dir.is_dir():
+        for source in sorted(out_dir.iterdir()):
+            if source in removed:
+                continue
+            if source.is_dir():
+                for root, _, files in os.walk(source):
+                    rel = Path(root).relative_to(out_dir)
+                    (staging / rel).mkdir(exist_ok=True)
+                    own = rendered.get(rel.name, {}) if len(rel.parts) == 1 else {}
+                    for name in sorted(files):
+                        if TEMP_RE.fullmatch(name) or name in own:
+                            continue  # an orphaned temp file, or a file rendered below
+                        fsutil.copy_file(Path(root) / name, staging / rel / name)
+                        _progress(staging / rel / name)
+            elif not TEMP_RE.fullmatch(source.name):
+                fsutil.copy_file(source, staging / source.name)
+    for tag, files in rendered.items():
+        base = tag_dir(staging, tag)
+        base.mkdir(exist_ok=True)
+        for name, text in files.items():
+            old = tag_dir(out_dir, tag) / name
+            try:
+                same = old.is_file() and old.read_text(encoding="utf-8") == text
+            except (OSError, UnicodeDecodeError):
+                same = False
+            if same:
+                fsutil.copy_file(old, base / name)  # unchanged: keep its mtime
+            else:
+                fsutil.write_file(base / name, text)
+            _progress(base / name)
+    for root, _, _ in os.walk(staging):
+        fsutil.fsync_dir(Path(root))
+
+
+def _progress(path: Path) -> None:
+    """Nothing; a seam for fault tests that kill the process while the staging tree is being written."""
+
+
+def _swap(out_dir: Path, staging: Path) -> None:
+    """Put the staged tree in place of out_dir; signals are held off so the swap is never left half done."""
+    retired = retired_dir(out_dir)
+    ready = ready_marker(out_dir)
+    ready.touch()
+    fsutil.fsync_dir(out_dir.parent)
+    blocked = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    try:
+        if out_dir.exists():
+            if not _exchange(staging, out_dir):
+                os.rename(out_dir, retired)
+                _between_renames()
+                os.rename(staging, out_dir)
+                os.rename(retired, staging)
+        else:
+            os.rename(staging, out_dir)
+        ready.unlink()
+        fsutil.fsync_dir(out_dir.parent)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+    if staging.exists():
+        shutil.rmtree(staging)  # the old tree
+
+
+def _between_renames() -> None:
+    """Nothing; a seam for the fault test that kills a render between the two renames of the fallback swap."""
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically exchange two paths (Linux renameat2 RENAME_EXCHANGE, since 3.15); False where unsupported."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False  # the file system cannot exchange: the two-rename swap (with recovery) is used
+    raise OSError(err, os.strerror(err), str(b))
+
+
+@contextlib.contextmanager
+def _terminate_as_error():
+    """SIGTERM raises Interrupted (SIGINT already raises KeyboardInterrupt), so cleanup code runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Interrupted(f"render interrupted by signal {signum}; {OUT_DIR}/ was left as it was",
+                          "run `python -m builder render` again")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def apply(rendered: dict[str, dict[str, str]], matrix: Matrix | None = None, prune: bool = False,
+          out_dir: Path = OUT_DIR) -> tuple[list[Path], list[Path]]:
+    """Make out_dir hold `rendered` (and, with prune, only the matrix's tags): all of it or none of it.
+
+    Serialised with other writers by a flock; a failure or signal leaves the old tree untouched.
+    Returns (files changed, directories removed)."""
+    out_dir = Path(out_dir)
+    keep = {e.tag for e in matrix.entries} if prune and matrix is not None else None
+    staging = staging_dir(out_dir)
+    try:
+        with fsutil.tree_lock(out_dir, on_wait=log.info), _terminate_as_error():
+            for note in recover(out_dir):
+                log.info(f"render: {note}")
+            _refuse_links(out_dir)
+            changed, removed = _plan(rendered, out_dir, keep)
+            if not changed and not removed:
+                return [], []
+            try:
+                _stage(rendered, out_dir, staging, removed)
+                _swap(out_dir, staging)
+            except BaseException:
+                if staging.exists() and not ready_marker(out_dir).exists():
+                    shutil.rmtree(staging, ignore_errors=True)
+                raise
+            return changed, removed
+    except OSError as exc:
+        where = exc.filename or out_dir
+        raise EnvironmentProblem(f"{where}: cannot write ({exc.strerror or exc}); {out_dir}/ was left as it was",
+                                 "free disk space or fix the permissions, then render again") from None
+
+
+def write(rendered: dict[str, dict[str, str]], out_dir: Path = OUT_DIR) -> list[Path]:
+    """Render into out_dir without removing other tags' directories."""
+    return apply(rendered, None, prune=False, out_dir=out_dir)[0]
 
 
 def remove_extra(matrix: Matrix, out_dir: Path = OUT_DIR) -> list[Path]:
-    removed = []
-    for path in extra_dirs(matrix, out_dir):
-        shutil.rmtree(path)
-        removed.append(path)
-    return removed
+    """Remove directories of tags the matrix no longer has (in one swap, like every render)."""
+    return apply({}, matrix, prune=True, out_dir=out_dir)[1]
 
 
 def extra_dirs(matrix: Matrix, out_dir: Path = OUT_DIR) -> list[Path]:
@@ -105,10 +347,16 @@ def check(matrix: Matrix, entries: list[Entry], out_dir: Path = OUT_DIR) -> list
     problems = []
     for tag, files in render_all(entries).items():
         for name, text in files.items():
-            path = out_dir / tag / name
-            if not path.exists():
+            path = tag_dir(out_dir, tag) / name
+            try:
+                current = path.read_text(encoding="utf-8") if path.exists() else None
+            except (OSError, UnicodeDecodeError) as exc:
+                problems.append(f"{path}: unreadable ({getattr(exc, 'strerror', None) or exc.__class__.__name__})"
+                                f" — run `python -m builder render {tag}`")
+                continue
+            if current is None:
                 problems.append(f"{path}: missing — run `python -m builder render {tag}`")
-            elif path.read_text() != text:
+            elif current != text:
                 problems.append(f"{path}: stale (differs from a fresh render) — run `python -m builder render {tag}`")
     for path in extra_dirs(matrix, out_dir):
         problems.append(f"{path}: no matrix entry has this tag — remove it or run `python -m builder render`")
@@ -145,8 +393,8 @@ def main(options: Options, m: Matrix) -> int:
             raise UserError("\n".join(problems), "re-render and commit the result")
         log.info(f"{len(entries)} rendered entries up to date")
         return 0
-    written = write(render_all(entries))
-    removed = remove_extra(m) if not options.tags else []
+    # One transaction: changed files and removed tag directories are swapped in together.
+    written, removed = apply(render_all(entries), m, prune=not options.tags)
     if not options.tags:
         written += readme.write(m)
     for path in written:

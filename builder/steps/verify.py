@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass
 
@@ -18,7 +19,7 @@ from packaging.version import InvalidVersion, Version
 from builder import fsutil, log
 from builder.boundary import engine, host, inspect, registry
 from builder.errors import EnvironmentProblem, StepFailed, UserError
-from builder.model import attestations
+from builder.model import attestations, reference
 from builder.steps import smoke
 
 FACTS = "/opt/train-image/image.json"
@@ -163,7 +164,25 @@ def verdict(image_ref: str, rows: list, gate: dict, use_gpus: bool, why_cpu: str
     return ok, lines
 
 
+def validate_options(image: str, timeout: int, shm_size: str) -> None:
+    """Flags checked before the engine is asked anything (exit 2, not 3)."""
+    reference.check_image_name(image)
+    if not 1 <= timeout <= 86_400:
+        raise UserError(f"--timeout {timeout}: must be 1 to 86400 seconds")
+    if not re.fullmatch(r"[1-9][0-9]{0,6}[bkmg]?", shm_size):
+        raise UserError(f"--shm-size {shm_size[:40]!r} is not a size", "e.g. --shm-size 8g")
+
+
+def _write_verdict(path: str, data: dict) -> None:
+    try:
+        fsutil.write_json(path, data)
+    except OSError as exc:
+        raise EnvironmentProblem(f"{path}: cannot write ({exc.strerror or exc})",
+                                 "pick a writable --json path") from None
+
+
 def main(args: Options, m=None) -> int:
+    validate_options(args.image, args.timeout, args.shm_size)
     engine.sdk()  # no engine: EnvironmentProblem with how to start one
     with log.step(f"image {args.image}") as note:
         image = ensure_image(args.image, pull=not args.no_pull)
@@ -193,7 +212,7 @@ def main(args: Options, m=None) -> int:
     for line in lines:
         print(line)
     if args.json:
-        fsutil.write_json(args.json, {"image": args.image, "image_id": image.id, "passed": ok, "gpu_mode": use_gpus,
+        _write_verdict(args.json, {"image": args.image, "image_id": image.id, "passed": ok, "gpu_mode": use_gpus,
                                       "host": [dict(zip(("check", "ok", "detail", "fix"), r)) for r in rows],
                                       "gate": gate, "attestations": attested, "verdict": lines})
     if not ok:

@@ -39,9 +39,9 @@ def ci_build(require_docker, tmp_path_factory):
     log = proc.stdout + proc.stderr
     (tmp / "build.log").write_text(log)
     assert proc.returncode == 0, log[-4000:]
-    from builder import reports
+    from builder.model import paths
 
-    report = json.loads((ROOT / reports.path(CI_TAG, "build")).read_text())
+    report = json.loads((ROOT / paths.report(CI_TAG, "build")).read_text())
     return {"report": report, "log": log, "marker": marker, "bundle": bundle, "tmp": tmp, "fast": fast}
 
 

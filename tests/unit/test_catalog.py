@@ -112,6 +112,7 @@ def test_reports_dir_option(project, tmp_path, monkeypatch):
     monkeypatch.setenv("BUILDER_REPORTS", str(elsewhere))
     write_reports()
     monkeypatch.delenv("BUILDER_REPORTS")
+    (project / "build/reports").mkdir(parents=True)
     assert run_cli("catalog") == 0
     assert FULL not in (project / "IMAGES.md").read_text()  # build/reports is empty here
     assert run_cli("catalog", "--reports", str(elsewhere)) == 0

@@ -1,0 +1,226 @@
+"""Property: no value from the matrix ever becomes a Dockerfile instruction, a shell word or a path
+outside dockerfiles/. Hypothesis writes entries with arbitrary text in every field; each is either refused
+by validation (a UserError: exit 2) or renders to the same instruction list, with the same shell words in
+every instruction, as the clean entry."""
+
+from __future__ import annotations
+
+import shlex
+import tempfile
+from pathlib import Path
+
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from builder.errors import UserError
+from builder.model import matrix
+from builder.steps import render
+
+CLEAN = {
+    "tag": "cu121-torch2.3",
+    "base": "nvidia/cuda:12.1.1-runtime-ubuntu22.04@sha256:8bbc6e304b193e84327fa30d93eea70ec0213b808239a46602a919a479a73b12",
+    "base_source": "test fixture",
+    "python": "3.10", "cuda": "12.1", "torch": "2.3.1", "transformers": "4.44.2", "deepspeed": "0.15.1",
+    "peft": "0.12.0", "accelerate": "0.34.2", "nvidia-ml-py": "12.555.43", "flash-attn": "2.6.3",
+    "index_url": "https://pypi.org/simple", "default": True,
+}
+IMAGE = "example.org/team/train"
+FIELDS = [k for k in CLEAN if k != "default"] + ["runner", "image"]
+# Free-text fields twice as likely: version fields go through packaging's strict parser anyway.
+_WEIGHTED = FIELDS + ["tag", "base", "base_source", "index_url", "image", "runner"]
+# Line breaks Docker, YAML or Python may honour, shell metacharacters, quoting, template syntax, paths.
+NASTY = ["\nRUN id", "\r\nRUN id", "\rRUN id", "\\\nRUN id", "\u2028RUN id", "\u0085RUN id", "\x0bRUN id",
+         "\n", " && id", "; id", "$(id)", "`id`", '"', "'", "\\", "#", " ", "\t", "\x00", "{{ 7*7 }}", "${HOME}",
+         "/../../x", "/..", "|", ">", "*"]
+
+
+def _field_value(field: str):
+    clean = CLEAN.get(field, "ubuntu-latest" if field == "runner" else IMAGE)
+    return st.one_of(
+        st.text(max_size=60),
+        st.builds(lambda s: clean + s, st.sampled_from(NASTY)),
+        st.builds(lambda s: s + clean, st.sampled_from(NASTY)),
+        st.builds(lambda a, b: clean[: len(clean) // 2] + a + clean[len(clean) // 2:] + b,
+                  st.sampled_from(NASTY), st.text(max_size=5)),
+    )
+
+
+# Mostly one hostile field with the rest clean (so a value that passes validation reaches the template),
+# sometimes several at once.
+_one = st.sampled_from(_WEIGHTED).flatmap(lambda f: st.fixed_dictionaries({f: _field_value(f)}))
+_several = st.lists(st.sampled_from(FIELDS), min_size=2, max_size=4, unique=True).flatmap(
+    lambda fields: st.fixed_dictionaries({f: _field_value(f) for f in fields}))
+entries = st.one_of(_one, _one, _several)
+
+
+def instructions(dockerfile: str) -> list[tuple[str, list[str]]]:
+    """(KEYWORD, shell words) per instruction: continuations joined, comment lines dropped, as Docker does."""
+    out, pending = [], ""
+    for line in dockerfile.split("\n"):
+        stripped = line.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue
+        if pending and stripped.startswith("#"):
+            continue  # a comment inside a continued instruction is removed by the parser
+        pending += line[:-1] + " " if line.endswith("\\") else line
+        if line.endswith("\\"):
+            continue
+        keyword, _, rest = pending.strip().partition(" ")
+        words = shlex.split(rest, comments=False, posix=True)  # ValueError if a value broke the quoting
+        out.append((keyword.upper(), words))
+        pending = ""
+    assert not pending, "the file ends inside a continued instruction"
+    return out
+
+
+CLEAN_DOCKERFILE = render.render_entry(matrix.Entry(
+    tag=CLEAN["tag"], image=IMAGE, base=CLEAN["base"], python="3.10", cuda="12.1",
+    pins={p: CLEAN[p] for p in matrix.PACKAGES}, index_url=CLEAN["index_url"], runner=("ubuntu-latest",),
+    default=True, base_source="test fixture"))["Dockerfile"]
+CLEAN_SHAPE = [(k, len(w)) for k, w in instructions(CLEAN_DOCKERFILE)]
+
+
+def _load(values: dict):
+    entry = {**CLEAN, **{k: v for k, v in values.items() if k not in ("runner", "image")}}
+    if "runner" in values:
+        entry["runner"] = [values["runner"]]
+    doc = {"defaults": {"image": values.get("image", IMAGE)}, "entries": [entry]}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "matrix.yaml"
+        path.write_text(yaml.safe_dump(doc, allow_unicode=True, sort_keys=False), encoding="utf-8")
+        return matrix.load(path)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(entries)
+def test_no_matrix_value_becomes_an_instruction_or_a_shell_word(values):
+    try:
+        m = _load(values)
+        rendered = render.render_all(list(m.entries))
+    except UserError as exc:
+        assert exc.exit_code == 2
+        assert "\n" not in exc.message.split(": ", 1)[0], "the file:line prefix stays on one line"
+        return
+    (entry,) = m.entries
+    dockerfile = rendered[entry.tag]["Dockerfile"]
+    shape = [(k, len(w)) for k, w in instructions(dockerfile)]
+    assert shape == CLEAN_SHAPE, f"instructions or shell words changed for {values!r}"
+    # The values that reach instructions sit inside their own argument only.
+    parsed = dict((k, w) for k, w in instructions(dockerfile) if k == "ARG" and w[0].startswith("BASE_IMAGE="))
+    assert parsed["ARG"] == [f"BASE_IMAGE={entry.base}"]
+    root = Path("/repo/dockerfiles")
+    assert render.tag_dir(root, entry.tag).parent == root
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=80))
+def test_no_tag_names_a_path_outside_dockerfiles(tag):
+    root = Path("/repo/dockerfiles")
+    try:
+        path = render.tag_dir(root, tag)
+    except UserError:
+        return
+    assert path.parent == root and path.name == tag and tag not in (".", "..")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=120))
+def test_report_text_is_inert_markdown(text):
+    """Whatever a report says, the catalog shows it on one line with every markup character escaped."""
+    import re
+
+    from builder.steps.catalog import _md
+
+    shown = _md(text)
+    assert "\n" not in shown and "\r" not in shown
+    unescaped = re.sub(r"\\.", "", shown)  # drop every escaped pair; what is left must hold no markup
+    assert not re.search(r"[`*_\[\]<>|!#~&@\\]|://|(?i:\bwww\.)", unescaped), shown
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=30), st.text(alphabet="abcdefghij0123456789", min_size=6, max_size=20))
+def test_no_error_message_echoes_url_credentials(prefix, secret):
+    """Any message built around a URL with user:password@ is masked, however the value is surrounded."""
+    from builder.errors import UserError
+
+    message = f"{prefix} https://user:{secret}@host.example/simple {prefix}"
+    assert f"user:{secret}" not in UserError(message, f"hint https://{secret}@h.example").message
+    assert secret not in str(UserError("x", f"hint https://{secret}@h.example"))
+
+
+_YAMLISH = st.lists(st.sampled_from([
+    "defaults:\n", "  image: a/b\n", "entries:\n", "  - tag: x\n", "    base: debian\n", "&a ", "*a", "<<: *a\n",
+    "[", "]", "{", "}", ": ", "- ", "\n", "  ", "!!binary ", "!!python/name:os.system ", "? ", "|\n", ">\n", "'",
+    '"', "#", "---\n", "...\n", "%YAML 1.1\n", "\t", "\ufeff", "\x85", "9" * 50, "1e999", "~", "null", "2.3.1",
+]), max_size=40).map("".join)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(st.binary(max_size=300), _YAMLISH.map(lambda s: s.encode("utf-8"))))
+def test_any_bytes_as_a_matrix_give_a_clean_answer(data):
+    """Whatever matrix.yaml holds, validation answers with success or a UserError, never another exception."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "matrix.yaml"
+        path.write_bytes(data)
+        try:
+            matrix.load(path)
+        except UserError as exc:
+            assert exc.exit_code == 2 and str(path) in exc.message
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+                     max_leaves=8)
+_REPORT_KEYS = ["result", "image_id", "size_bytes", "versions", "passed", "mode", "finished_at", "checks", "registry",
+                "repository", "full_tag", "alias", "digest", "pull", "published_at", "verdict", "identical",
+                "differences", "date", "figures", "name", "largest", "steps_per_s", "ranks", "backend", "tag"]
+_REPORT = st.dictionaries(st.sampled_from(_REPORT_KEYS), _JSON, max_size=8)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(["build", "smoke", "publish", "repro"]), _REPORT | _JSON)
+def test_any_report_json_gives_a_catalog_or_a_user_error(step, data):
+    """Whatever a report holds, the catalog renders or refuses with a UserError naming the file."""
+    import json
+
+    from builder.steps import catalog
+
+    entry = _load({}).entries[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"{entry.tag}.{step}.json"
+        path.write_text(json.dumps(data))
+        try:
+            catalog.generate([entry], Path(tmp))
+        except UserError as exc:
+            assert str(path) in exc.message
+
+
+def _valid_save() -> bytes:
+    from tests.unit.test_hostile_flags import _save
+
+    return _save()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(st.binary(max_size=2048),
+                 st.lists(st.tuples(st.integers(0, 8191), st.integers(0, 255)), min_size=1, max_size=6)))
+def test_any_archive_bytes_give_a_manifest_or_a_user_error(damage):
+    """A `docker save` stream, random or a valid one with bytes overwritten: parsed or a UserError, never a
+    traceback or a hang."""
+    import io
+
+    from builder.steps import manifest
+
+    if isinstance(damage, bytes):
+        data = damage
+    else:
+        buf = bytearray(_valid_save())
+        for pos, value in damage:
+            buf[pos % len(buf)] = value
+        data = bytes(buf)
+    try:
+        saved = manifest.read_save(io.BytesIO(data), "image.tar")
+        manifest.build_manifest(saved, "image.tar")
+    except UserError as exc:
+        assert exc.message.startswith("image.tar: ")
