@@ -11,7 +11,8 @@ import subprocess
 
 import pytest
 
-from tests.conftest import CI_TAG, DOCKER, ROOT
+from tests.conftest import ROOT
+from tests.integration.images import CI_TAG, DOCKER
 
 BASE = "debian:bookworm-slim"
 LOCK = ROOT / "dockerfiles" / CI_TAG / "apt.lock"
