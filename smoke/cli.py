@@ -16,8 +16,9 @@ import time
 from smoke import CHECKS, launch, report
 from smoke.facts import facts_path, load_facts
 
-DEFAULT_TIMEOUTS = {"env": 300, "train": 600, "nccl": 300}
-KEY_FIGURES = {"env": ("shm_mb", "gpu_count"), "train": ("wall_seconds",), "nccl": ()}
+DEFAULT_TIMEOUTS = {"env": 300, "ops": 300, "compile": 300, "train": 900, "nccl": 300}
+KEY_FIGURES = {"env": ("shm_mb", "gpu_count"), "ops": (), "compile": ("first_step_seconds",),
+               "train": ("wall_seconds",), "nccl": ()}
 INNER_MARGIN = 15  # seconds the child keeps for itself to kill its ranks and write its JSON
 
 
@@ -28,8 +29,8 @@ def parse_args(argv):
     p.add_argument("--out", default=None, help="result dir (default $SMOKE_OUT or /tmp/smoke)")
     p.add_argument("--steps", type=int, default=5, help="train steps (default 5)")
     p.add_argument("--timeout", type=float, default=None,
-                   help="hard timeout per check in seconds (default env {env}, train {train}, "
-                        "nccl {nccl})".format(**DEFAULT_TIMEOUTS))
+                   help="hard timeout per check in seconds (default env {env}, ops {ops}, compile {compile}, "
+                        "train {train}, nccl {nccl})".format(**DEFAULT_TIMEOUTS))
     return p.parse_args(argv)
 
 
@@ -51,6 +52,12 @@ def run_one(name, args, out_dir):
         if name == "env":
             from smoke import env
             env.run(res, facts, mode)
+        elif name == "ops":
+            from smoke import ops
+            ops.run(res, facts, mode)
+        elif name == "compile":
+            from smoke import compile as compile_check
+            compile_check.run(res, facts, mode)
         elif name == "train":
             from smoke import train
             train.run(res, facts, mode, n_gpus, out_dir, args.steps, timeout)

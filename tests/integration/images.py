@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 CI_TAG = "cu130-torch2.13-bookworm"
+CI_TAG_CUDA12 = "cu124-torch2.6-trixie"  # the CUDA 12 line CI builds and gates (nvcc from Debian 13)
 DOCKER = "/usr/bin/docker"
 
 
@@ -76,3 +77,20 @@ def build_small(tmp_path, name: str, dockerfile: str, no_cache: bool = False) ->
 
 
 
+
+
+def one_check(image: str, name: str, tmp_path: Path, timeout: int = 600, shm_size: str = "2g") -> dict:
+    """Run one gate check (`smoke NAME --cpu`) in a fresh container with no network; return its JSON report.
+    For broken-image tests that target one check: the whole gate on CPU takes minutes (DeepSpeed's CPU JIT)."""
+    import json
+
+    out = tmp_path / f"out-{name}"
+    out.mkdir(exist_ok=True)
+    proc = subprocess.run([DOCKER, "run", "--rm", "--network", "none", "--shm-size", shm_size, "-v",
+                           f"{out}:/smoke-out", image, "smoke", name, "--cpu", "--out", "/smoke-out"],
+                          capture_output=True, text=True, timeout=timeout)
+    path = out / f"{name}.json"
+    assert path.exists(), proc.stdout[-2000:] + proc.stderr[-2000:]
+    report = json.loads(path.read_text())
+    assert (proc.returncode == 0) == report["passed"], "exit status and report disagree"
+    return report

@@ -10,7 +10,8 @@ import pytest
 from builder.errors import EnvironmentProblem
 from builder.model import matrix
 from builder.steps import preflight
-from tests.conftest import DOCKER, ROOT
+from tests.conftest import ROOT
+from tests.integration.images import DOCKER
 
 
 def image_exists(ref: str) -> bool:
