@@ -235,11 +235,20 @@ def test_cpu_gate_refused_for_a_gpu_entry(project, registry, images, capsys):
 
 
 def test_cpu_gate_allowed_explicitly_and_recorded(project, registry, images):
-    passing_smoke(images(project), level=CPU_LEVEL)
+    """With --allow-cpu-gate the image goes out, and what users read says how far it was proven: the report,
+    and the provenance stored beside the digest, which verify reads back."""
+    from builder.steps import verify
+
+    image_id = images(project)
+    passing_smoke(image_id, level=CPU_LEVEL)
     assert run_cli("publish", TAG, "--registry", registry.host, "--allow-cpu-gate") == 0
     report = reports.read(TAG, "publish")
     assert report["exceptions"] == ["cpu-gate"] and report["gate"]["kind"] == "cpu"
     assert registry.digest("train", TAG) == report["digest"]
+    pulled = f"{registry.host}/train@{report['digest']}"
+    found = verify.attestations_of(pulled, engine.sdk().images.get(image_id))
+    assert found["sbom"] and found["provenance"] and found["problem"] is None
+    assert "gate: passed on CPU only" in "\n".join(found["lines"])
 
 
 def test_gpu_gate_level_is_recorded(project, registry, images):
