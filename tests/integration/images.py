@@ -94,3 +94,11 @@ def one_check(image: str, name: str, tmp_path: Path, timeout: int = 600, shm_siz
     report = json.loads(path.read_text())
     assert (proc.returncode == 0) == report["passed"], "exit status and report disagree"
     return report
+
+
+def default_sigint() -> None:
+    """preexec_fn for a child the test will Ctrl-C: SIGINT as in a terminal, even when the test runner itself
+    was started in the background (a non-interactive shell's `&` makes SIGINT ignored, and children inherit it)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -13,7 +13,7 @@ import pytest
 from builder import reports
 from builder.boundary import inspect as verify
 from tests.conftest import ROOT
-from tests.integration.images import CI_TAG, DOCKER, derived_image, need_full_build
+from tests.integration.images import CI_TAG, DOCKER, default_sigint, derived_image, need_full_build
 
 pytestmark = pytest.mark.docker
 IMAGE = f"ghcr.io/train-images/train:{CI_TAG}"
@@ -118,7 +118,8 @@ def test_ctrl_c_stops_cleanly(ci_build):
 
     before = inspect(IMAGE)["Id"]
     proc = subprocess.Popen([sys.executable, "-m", "builder", "build", CI_TAG, "--local-base", "--force",
-                             "--no-cache"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "--no-cache"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=default_sigint)
     seen = ""
     deadline = time.monotonic() + 300
     while "[os " not in seen and time.monotonic() < deadline:  # BuildKit has started the first stage
@@ -139,7 +140,8 @@ def _starts_a_real_build(argv: list[str]) -> tuple[bool, str]:
     import time
 
     proc = subprocess.Popen([sys.executable, "-m", "builder", "build", CI_TAG, *argv], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=default_sigint)
     seen, deadline = "", time.monotonic() + 300
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
@@ -183,7 +185,8 @@ def test_two_builds_of_one_tag_at_once(ci_build):
     import time
 
     first = subprocess.Popen([sys.executable, "-m", "builder", "build", CI_TAG, "--local-base", "--force"], cwd=ROOT,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=default_sigint)
     try:
         deadline, seen = time.monotonic() + 300, ""
         while time.monotonic() < deadline and "  sources: " not in seen:  # printed under the tag lock
