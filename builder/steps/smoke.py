@@ -68,7 +68,8 @@ def prepare(entries, options: Options) -> None:
     return replace(options, cpu=True)
 
 
-def run_gate(image_ref: str, gpus: bool, timeout: int = CHECK_TIMEOUT, shm_size: str = DEFAULT_SHM) -> dict:
+def run_gate(image_ref: str, gpus: bool, timeout: int = CHECK_TIMEOUT, shm_size: str = DEFAULT_SHM,
+             only: str | None = None) -> dict:
     """Run `smoke all` in a fresh container of `image_ref`; return the report (not yet written)."""
     image = engine.image_or_none(image_ref)
     if image is None:
@@ -79,6 +80,8 @@ def run_gate(image_ref: str, gpus: bool, timeout: int = CHECK_TIMEOUT, shm_size:
         command = ["smoke", "all", "--out", "/smoke-out", "--timeout", str(timeout)]
         if not gpus:
             command.append("--cpu")
+        if only:
+            command += ["--only", only]
         # Five checks, each bounded by `timeout` inside; the outer limit only catches a wedged container.
         code, logs = engine.run_container(
             image.id, command, timeout=5 * timeout + 120, network="none", gpus=gpus, shm_size=shm_size,
@@ -96,6 +99,7 @@ def run_gate(image_ref: str, gpus: bool, timeout: int = CHECK_TIMEOUT, shm_size:
         "exit_code": code,
         "checks": (result or {}).get("checks", []),
         "details": per_check,
+        "not_run": (result or {}).get("not_run", []),
         "level": level(result, per_check, gpus),
         "duration_s": round(time.monotonic() - started, 1),
         "finished_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
