@@ -4,7 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # The default image: the matrix entry marked `default: true` (built end to end by CI).
 DEFAULT_TAG = $(shell $(PY) -c 'from builder.model import matrix; print(matrix.load().default.tag)')
-DEFAULT_BASE = $(shell $(PY) -c 'from builder.model import matrix; e = matrix.load().default; print(e.base_name, e.base_digest or "")')
+# Every base CI builds on (`ci: true` entries, the default first), as name:tag[@digest] words.
+CI_BASES = $(shell $(PY) -c 'from builder.model import matrix; m = matrix.load(); es = [m.default] + [e for e in m.entries if e.ci and not e.default]; print(" ".join(dict.fromkeys(e.base for e in es)))')
 TAG ?=
 BUILD_FLAGS ?= --local-base
 SMOKE_FLAGS ?=
@@ -20,8 +21,8 @@ $(VENV)/.stamp: requirements-dev.txt
 
 venv: $(VENV)/.stamp ## create .venv from the pinned dev requirements
 
-docker: venv ## install/start a Docker engine and provide the default base image (idempotent)
-	bash ci/setup-docker.sh $(DEFAULT_BASE)
+docker: venv ## install/start a Docker engine and provide every CI entry's base image (idempotent)
+	bash ci/setup-docker.sh $(CI_BASES)
 
 validate: venv ## validate the matrix strictly (schema, rules, digests)
 	$(PY) -m builder validate --strict

@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # Make what builds and tests need available on a fresh Debian/Ubuntu machine, idempotently:
 #   a Docker engine (installed and started if none answers), the tools the tests use
-#   (debootstrap, Debian's docker-registry, htpasswd), and the base image BASE (name:tag) —
-#   pulled by DIGEST where a registry is reachable, else made locally with debootstrap (Debian bases).
-# Usage: ci/setup-docker.sh BASE [DIGEST]
+#   (debootstrap, Debian's docker-registry, htpasswd), and each base image BASE (name:tag) —
+#   pulled by its DIGEST where a registry is reachable, else made locally with debootstrap (Debian bases).
+# Usage: ci/setup-docker.sh BASE[@sha256:DIGEST]...   (one argument per base; CI passes every `ci: true` entry's)
 set -euo pipefail
-base="${1:?usage: ci/setup-docker.sh BASE_NAME:TAG [sha256:DIGEST]}"
-digest="${2:-}"
+[ $# -gt 0 ] || { echo "usage: ci/setup-docker.sh BASE_NAME:TAG[@sha256:DIGEST]..." >&2; exit 2; }
 log() { printf '▶ %s\n' "$*" >&2; }
 
 # Debian's docker client (20.10) still embeds BuildKit; a newer client without the buildx plugin refuses.
@@ -32,28 +31,39 @@ if ! "$docker_bin" info >/dev/null 2>&1; then
 fi
 log "docker engine $("$docker_bin" version --format '{{.Server.Version}}') ready"
 
-if "$docker_bin" image inspect "$base" >/dev/null 2>&1; then
-  log "base image $base present"
-  exit 0
-fi
-if [ -n "$digest" ] && timeout 300 "$docker_bin" pull -q "${base}@${digest}" >/dev/null 2>&1; then
-  "$docker_bin" tag "${base}@${digest}" "$base"
-  log "base image $base pulled by digest $digest"
-  exit 0
-fi
-case "$base" in
-  debian:bookworm*)
-    # No registry reachable: build the same distribution from Debian's archive (see docs/ci.md).
-    root=$(mktemp -d)
-    log "no registry: debootstrap bookworm into $root and import it as $base"
-    debootstrap --variant=minbase bookworm "$root" >/tmp/debootstrap.log 2>&1 \
-      || { echo "error: debootstrap failed; see /tmp/debootstrap.log" >&2; exit 3; }
-    tar -C "$root" -c . | "$docker_bin" import - "$base" >/dev/null
-    rm -rf "$root"
-    log "base image $base made locally (not the pinned digest: builds record it as substituted)"
-    ;;
-  *)
-    echo "error: base image $base cannot be pulled and cannot be made locally; pull it from a mirror and tag it $base" >&2
-    exit 3
-    ;;
-esac
+provide_base() {  # $1 = name:tag, $2 = sha256:digest or empty
+  local base="$1" digest="$2" root suite
+  if "$docker_bin" image inspect "$base" >/dev/null 2>&1; then
+    log "base image $base present"
+    return 0
+  fi
+  if [ -n "$digest" ] && timeout 300 "$docker_bin" pull -q "${base}@${digest}" >/dev/null 2>&1; then
+    "$docker_bin" tag "${base}@${digest}" "$base"
+    log "base image $base pulled by digest $digest"
+    return 0
+  fi
+  case "$base" in
+    debian:bookworm*|debian:trixie*)
+      suite="${base#debian:}"; suite="${suite%%-*}"
+      # No registry reachable: build the same distribution from Debian's archive (see docs/ci.md).
+      root=$(mktemp -d)
+      log "no registry: debootstrap $suite into $root and import it as $base"
+      debootstrap --variant=minbase "$suite" "$root" >/tmp/debootstrap.log 2>&1 \
+        || { echo "error: debootstrap failed; see /tmp/debootstrap.log" >&2; exit 3; }
+      tar -C "$root" -c . | "$docker_bin" import - "$base" >/dev/null
+      rm -rf "$root"
+      log "base image $base made locally (not the pinned digest: builds record it as substituted)"
+      ;;
+    *)
+      echo "error: base image $base cannot be pulled and cannot be made locally; pull it from a mirror and tag it $base" >&2
+      exit 3
+      ;;
+  esac
+}
+
+for ref in "$@"; do
+  case "$ref" in
+    *@sha256:*) provide_base "${ref%@*}" "${ref#*@}" ;;
+    *) provide_base "$ref" "" ;;
+  esac
+done

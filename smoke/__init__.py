@@ -7,4 +7,4 @@ and fast.  Kept free of torch imports at package import time so the pure logic
 (signatures, parsing, formulas) can be unit-tested with only the stdlib.
 """
 
-CHECKS = ("env", "train", "nccl")
+CHECKS = ("env", "ops", "compile", "train", "nccl")

@@ -16,8 +16,9 @@ import time
 from smoke import CHECKS, launch, report
 from smoke.facts import facts_path, load_facts
 
-DEFAULT_TIMEOUTS = {"env": 300, "train": 600, "nccl": 300}
-KEY_FIGURES = {"env": ("shm_mb", "gpu_count"), "train": ("wall_seconds",), "nccl": ()}
+DEFAULT_TIMEOUTS = {"env": 300, "ops": 300, "compile": 300, "train": 900, "nccl": 300}
+KEY_FIGURES = {"env": ("shm_mb", "gpu_count"), "ops": (), "compile": ("first_step_seconds",),
+               "train": ("wall_seconds",), "nccl": ()}
 INNER_MARGIN = 15  # seconds the child keeps for itself to kill its ranks and write its JSON
 
 
@@ -27,9 +28,12 @@ def parse_args(argv):
     p.add_argument("--cpu", action="store_true", help="force CPU mode (auto when no GPU is visible)")
     p.add_argument("--out", default=None, help="result dir (default $SMOKE_OUT or /tmp/smoke)")
     p.add_argument("--steps", type=int, default=5, help="train steps (default 5)")
+    p.add_argument("--only", default=None, metavar="CHECKS",
+                   help="with `all`: run only these checks (comma list of {}); the verdict lists what ran".format(
+                       ",".join(CHECKS)))
     p.add_argument("--timeout", type=float, default=None,
-                   help="hard timeout per check in seconds (default env {env}, train {train}, "
-                        "nccl {nccl})".format(**DEFAULT_TIMEOUTS))
+                   help="hard timeout per check in seconds (default env {env}, ops {ops}, compile {compile}, "
+                        "train {train}, nccl {nccl})".format(**DEFAULT_TIMEOUTS))
     return p.parse_args(argv)
 
 
@@ -51,6 +55,12 @@ def run_one(name, args, out_dir):
         if name == "env":
             from smoke import env
             env.run(res, facts, mode)
+        elif name == "ops":
+            from smoke import ops
+            ops.run(res, facts, mode)
+        elif name == "compile":
+            from smoke import compile as compile_check
+            compile_check.run(res, facts, mode)
         elif name == "train":
             from smoke import train
             train.run(res, facts, mode, n_gpus, out_dir, args.steps, timeout)
@@ -72,7 +82,12 @@ def run_all(args, out_dir):
     t0 = time.monotonic()
     mode, _ = launch.detect_mode(args.cpu)
     checks = []
-    for name in CHECKS:
+    wanted = [c for c in (args.only or ",".join(CHECKS)).split(",") if c]
+    unknown = [c for c in wanted if c not in CHECKS]
+    if unknown:
+        print(f"smoke: unknown check(s) {','.join(unknown)}; choose from {','.join(CHECKS)}", file=sys.stderr)
+        return 2
+    for name in [c for c in CHECKS if c in wanted]:
         outer = args.timeout or DEFAULT_TIMEOUTS[name]
         inner = round(outer - min(INNER_MARGIN, outer * 0.25), 1)
         cmd = [sys.executable, "-m", "smoke", name, "--out", out_dir, "--steps", str(args.steps),
@@ -118,7 +133,8 @@ def run_all(args, out_dir):
         report.print_result(d, KEY_FIGURES.get(name, ()))
         checks.append({k: d.get(k) for k in ("name", "passed", "seconds", "summary", "diagnosis", "figures")})
     passed = all(c["passed"] for c in checks)
-    total = {"passed": passed, "mode": mode, "seconds": round(time.monotonic() - t0, 2), "checks": checks}
+    total = {"passed": passed, "mode": mode, "seconds": round(time.monotonic() - t0, 2), "checks": checks,
+             "not_run": [c for c in CHECKS if c not in wanted]}
     path = report.write_json(out_dir, "all", total)
     print("{} smoke all [{}]: {} in {:.1f}s -> {}".format(report.OK if passed else report.BAD, mode,
                                                    "passed" if passed else "FAILED", total["seconds"], path))

@@ -271,87 +271,6 @@ def check_flash_attn(res, facts, mode):
         return _err(res, "flash-attn fwd+bwd", e)
 
 
-def _builder_for(op):
-    """The DeepSpeed op builder class for op NAME `op` (e.g. 'fused_adam'), CUDA flavour.
-
-    Mirrors DeepSpeed's CUDA accelerator: builders in deepspeed/ops/op_builder/*.py, plus the
-    host-side optimisers (cpu_adam, cpu_adagrad, cpu_lion) that it takes from op_builder/cpu.
-    Imported directly, not through get_accelerator(), so CPU mode (where DeepSpeed would pick
-    CPU builders and JIT) can still name the module the image claims to ship.
-    """
-    import importlib
-    import pkgutil
-
-    import deepspeed.ops.op_builder as ob
-    for pkg in ("deepspeed.ops.op_builder", "deepspeed.ops.op_builder.cpu"):
-        path = ob.__path__ if pkg.endswith("op_builder") else [os.path.join(ob.__path__[0], "cpu")]
-        for mi in pkgutil.iter_modules(path):
-            if mi.ispkg or mi.name in ("builder", "all_ops"):
-                continue
-            try:
-                mod = importlib.import_module(f"{pkg}.{mi.name}")
-            except Exception:
-                continue
-            for attr in dir(mod):
-                cls = getattr(mod, attr)
-                if attr.endswith("Builder") and isinstance(cls, type) and getattr(cls, "NAME", None) == op:
-                    return cls
-    return None
-
-
-def check_ds_ops(res, facts, mode):
-    ops = facts.get("deepspeed_ops") or []
-    if not ops:
-        return
-    try:
-        from deepspeed.git_version_info import accelerator_name, installed_ops
-    except Exception as e:
-        return _err(res, "deepspeed ops", e)
-    res.figures["ds_ops_built_for"] = accelerator_name
-    if mode == "gpu":
-        from deepspeed.accelerator import get_accelerator
-        here = get_accelerator()._name
-        # DeepSpeed only imports prebuilt ops when they were built for the running accelerator;
-        # otherwise load() silently JIT-builds (a GPU-less builder without DS_ACCELERATOR=cuda).
-        if accelerator_name != here:
-            res.add("deepspeed ops built for this accelerator", False,
-                    f"ops built for {accelerator_name!r}, running on {here!r}: DeepSpeed would JIT them; "
-                    "build with DS_ACCELERATOR=cuda")
-            return
-    import importlib
-    for op in ops:
-        name = f"deepspeed op {op} prebuilt+loads"
-        # Never fall through to a JIT build here: it would take minutes and prove nothing
-        # about what the image ships.
-        if not installed_ops.get(op):
-            res.add(name, False, "not prebuilt (ds installed_ops says False): would JIT at run time")
-            continue
-        try:
-            if mode == "gpu":
-                # DeepSpeed's own path: the accelerator's builder; load() checks the torch/CUDA
-                # versions recorded at build time, then imports the prebuilt module.
-                from deepspeed.ops.op_builder.all_ops import ALL_OPS
-                b = ALL_OPS.get(op)
-                if b is None:
-                    res.add(name, False, f"no DeepSpeed builder named {op}")
-                    continue
-                b.load()
-            else:
-                cls = _builder_for(op)
-                if cls is None:
-                    res.add(name, False, f"no DeepSpeed builder named {op}")
-                    continue
-                b = cls()
-                importlib.import_module(b.absolute_name())  # links against torch: ABI check
-            res.add(name, True, b.absolute_name())
-        except Exception as e:
-            text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-            if mode == "cpu" and "libcuda.so" in text:  # needs a driver to load: not the image's fault
-                res.add(name, None, "skipped: needs a GPU driver to load")
-            else:
-                _err(res, name, e)
-
-
 def run(res, facts, mode):
     res.figures["facts"] = F.facts_path()
     res.figures["python"] = "{}.{}.{}".format(*sys.version_info[:3])
@@ -376,7 +295,8 @@ def run(res, facts, mode):
                 fn(res, facts)
             except Exception as e:
                 _err(res, fn.__name__, e)
-    for fn in (check_flash_attn, check_ds_ops):
+    # DeepSpeed's prebuilt ops have their own check (smoke.ops), run without a compiler on PATH.
+    for fn in (check_flash_attn,):
         try:
             fn(res, facts, mode)
         except Exception as e:

@@ -48,6 +48,14 @@ SIGNATURES = [
      r"Ninja is required to load C\+\+ extensions|due to ninja not being installed",
      "A C++/CUDA extension is being JIT-built but `ninja` is not on PATH (install ninja in the venv "
      "and put the venv's bin on PATH), or prebuild the op at image build time."),
+    ("python_headers_missing",
+     r"Python\.h: No such file or directory",
+     "The Python headers are missing: torch.compile (inductor's C++ and triton's launcher) and DeepSpeed's "
+     "JIT ops (CPUAdam, shm_comm) include Python.h. Install python3.X-dev (libpython3.X-dev) in the image."),
+    ("op_not_prebuilt",
+     r"Unable to JIT load the (\w+) op|not prebuilt into the image",
+     "A DeepSpeed op the image should ship prebuilt is being JIT-built at run time: build the image's ops "
+     "stage with DS_BUILD_<OP>=1 and DS_ACCELERATOR=cuda, and check installed_ops."),
     ("compiler_missing",
      r"(?<![\w+-])(c\+\+|g\+\+|gcc|cc|x86_64-linux-gnu-g\+\+): (not found|command not found)|"
      r"No such file or directory: '(c\+\+|g\+\+|gcc)'|Failed to find C compiler",

@@ -32,6 +32,7 @@ VALID_MATRIX = textwrap.dedent("""\
         accelerate: 0.34.2
         nvidia-ml-py: 12.555.43
         flash-attn: 2.6.3
+        nvcc: true
       - tag: cu130-torch2.13-bookworm
         base: debian:bookworm-slim@sha256:3783cc01769c7b2b1b83a5c5ad96c815348e28ed7da68e2e3687004faa906251
         base_source: "test fixture"

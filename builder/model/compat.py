@@ -98,7 +98,134 @@ def evaluate(entry: Entry, recipe: bool = True) -> list[Outcome]:
     found += _check_base(entry, recipe)
     found += _check_flash_attn(entry)
     found += [_constraint(entry, rule) for rule in constraint_rules()]
+    found += _check_toolchain(entry, recipe)
     return found
+
+
+# --- toolchain: DeepSpeed ops, nvcc, GPU archs ---------------------------------------------------------
+
+
+def _cap(text: str) -> tuple[int, int]:
+    major, minor_ = text.split(".")
+    return int(major), int(minor_)
+
+
+def arch_runs_on(arch_list: str, capability: str) -> bool:
+    """Does code built for `arch_list` run on a GPU of `capability`? SASS X.y runs on X.z (z >= y);
+    PTX X.y is JIT-compiled by the driver for any newer GPU."""
+    want = _cap(capability)
+    for token in arch_list.split(";"):
+        arch = _cap(token.split("+")[0])
+        if arch[0] == want[0] and arch[1] <= want[1]:
+            return True
+        if token.endswith("+PTX") and arch <= want:
+            return True
+    return False
+
+
+def nvcc_source(entry: Entry) -> dict | None:
+    """The first toolchain.nvcc rule for the entry's CUDA (major.minor or major) and base; None if none."""
+    major = str(Version(entry.cuda).major)
+    for rule in rules()["toolchain"]["nvcc"]:
+        if rule["cuda"] not in (entry.cuda, major):
+            continue
+        if "base" in rule and rule["base"] not in entry.base_name:
+            continue
+        return rule
+    return None
+
+
+def claimed_gpus(entry: Entry) -> tuple[str, ...]:
+    if entry.gpus is not None:
+        return entry.gpus
+    return tuple(rules()["toolchain"]["claims"].get(str(Version(entry.cuda).major), ()))
+
+
+def _check_toolchain(entry: Entry, recipe: bool) -> list[Outcome]:
+    """DeepSpeed's nvcc need (any image), then our ops recipe: an nvcc source, archs it compiles, GPUs covered."""
+    t = rules()["toolchain"]
+    found = []
+    ds_rule = t["deepspeed_needs_nvcc"]
+    pinned = entry.pins.get("deepspeed")
+    applies = pinned is not None and Version(pinned) in SpecifierSet(ds_rule["versions"])
+    has_nvcc = entry.nvcc or "-devel" in entry.base_name  # a devel base ships nvcc itself
+    found.append(Outcome("deepspeed-nvcc", "toolchain", "deepspeed", (has_nvcc if applies else None),
+                         f"DeepSpeed {pinned} fails at `import deepspeed` on a GPU host without nvcc in the image"
+                         + ("" if not applies or has_nvcc else ": set `nvcc: true` or use DeepSpeed >= 0.19.8"),
+                         ds_rule["source"]))
+    if not recipe:
+        return found
+    source = nvcc_source(entry)
+    if source is not None and entry.nvcc and source.get("in_image") is False:
+        found.append(Outcome("nvcc-in-image", "toolchain", "nvcc", False,
+                             f"nvcc from {source['kind']} ({', '.join(source['packages'])}) is build-only: it drags in "
+                             "libcuda1, which shadows the host driver (CUDA error 803); set nvcc: false",
+                             source["source"]))
+    found.append(Outcome("nvcc-source", "toolchain", "cuda", source is not None,
+                         f"nvcc for the ops stage from {source['kind']}" if source else
+                         f"no nvcc source for CUDA {entry.cuda} on base '{entry.base_name}' in compat.yaml "
+                         "toolchain.nvcc: the ops cannot be built", (source or {}).get("source", "compat.yaml")))
+    archs = t["cuda_archs"].get(entry.cuda)
+    if archs is None:
+        return found + [Outcome("cuda-archs-known", "toolchain", "cuda", False, f"no arch data for CUDA {entry.cuda} "
+                                "in compat.yaml toolchain.cuda_archs", "compat.yaml toolchain.cuda_archs")]
+    arch_list = entry.cuda_archs or archs["default"]
+    field = "cuda_archs" if entry.cuda_archs else "cuda"
+    for token in arch_list.split(";"):
+        if token.split("+")[0] not in archs["nvcc"]:
+            found.append(Outcome("cuda-archs-nvcc", "toolchain", field, False, f"nvcc {entry.cuda} cannot compile sm_"
+                                 f"{token.split('+')[0].replace('.', '')} (it compiles {', '.join(archs['nvcc'])})",
+                                 archs["source"]))
+    table = t["gpus"]["capability"]
+    for gpu in claimed_gpus(entry):
+        cap = table.get(gpu)
+        if cap is None:
+            found.append(Outcome("gpu-known", "toolchain", "gpus", False, f"GPU '{gpu}' is not in compat.yaml "
+                                 f"toolchain.gpus (known: {', '.join(table)})", t["gpus"]["source"]))
+        else:
+            ok = arch_runs_on(arch_list, cap)
+            found.append(Outcome("gpu-archs", "toolchain", field, ok, f"{gpu} (compute capability {cap}) "
+                                 + (f"runs the ops built for {arch_list}" if ok else f"has no code in the ops' arch "
+                                    f"list {arch_list}: add {cap} or a PTX arch <= {cap}, or drop the GPU"),
+                                 t["gpus"]["source"]))
+    return found
+
+
+def toolchain(entry: Entry) -> dict:
+    """What the Dockerfile's ops stage needs: ops, arch list, nvcc source, CPU target, container env."""
+    import json
+
+    t = rules()["toolchain"]
+    nvcc = dict(nvcc_source(entry))
+    cuda_home = nvcc["cuda_home"]
+    if nvcc["kind"] == "pypi":
+        cuda_home = f"/opt/venv/lib/python{entry.python}/site-packages/{cuda_home}"
+        size = f"$(( $(du -sb {cuda_home} | cut -f1) - $(cat /opt/ops/cuda-home-bytes) ))"
+    elif nvcc["kind"] == "debian":
+        size = ("$(dpkg-query -W -f='${Installed-Size}\\n' $(grep -v '^#' /opt/ops/ops-apt.lock | cut -d= -f1) "
+                "| awk '{s += $1} END {print s * 1024}')")
+    else:
+        m = re.match(rules()["base_cuda"]["pattern"], entry.base_name)
+        cuda_full = entry.base_name.split(":", 1)[1].split("-", 1)[0]
+        nvcc["image"] = entry.base_name.replace(f"-{m.group('flavor')}-", "-devel-") if m else nvcc["image"].format(
+            cuda_full=cuda_full, os="")
+        size = "$(du -sb /usr/local/cuda | cut -f1)"
+    ops = t["ops"]
+    on_nvidia_base = entry.base_name.startswith("nvidia/cuda:")
+    return {
+        "ops": ops,
+        "ops_json": json.dumps([{"name": o["name"], "module": o["module"], "cuda": o["cuda"]} for o in ops],
+                               separators=(",", ":")),
+        "arch_list": entry.cuda_archs or t["cuda_archs"][entry.cuda]["default"],
+        "gpus": list(claimed_gpus(entry)),
+        "nvcc": nvcc,
+        "cuda_home": cuda_home,
+        "host_cxx": nvcc.get("host_cxx", "g++"),
+        "cpu_target": t["cpu_target"],
+        "nvcc_bytes_cmd": size,
+        "nvcc_in_image": entry.nvcc,
+        "container_env": None if on_nvidia_base else t["container_env"],
+    }
 
 
 def _check_torch(entry: Entry, torch: dict) -> list[Outcome]:

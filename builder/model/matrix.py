@@ -32,6 +32,8 @@ BASE_RE = reference.REFERENCE_RE
 # no query or fragment: the URL is written into a RUN instruction.
 URL_RE = re.compile(r"https?://[A-Za-z0-9.-]+(?::[0-9]{1,5})?(?:/[A-Za-z0-9._~%/+-]*)?")
 LABEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+ARCH_LIST_RE = re.compile(r"[0-9]{1,2}\.[0-9](?:\+PTX)?(?:;[0-9]{1,2}\.[0-9](?:\+PTX)?){0,15}")
+GPU_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")
 NOTE_RE = re.compile(r"[^\x00-\x1f\x7f\\`$\u0085\u2028\u2029]{0,300}")  # one printable line: safe in a comment
 
 # The Python distributions every image pins, in the order used everywhere (tables, labels, locks).
@@ -56,6 +58,9 @@ class Entry:
     default: bool = False
     base_source: str = ""
     lock_exceptions: dict = field(default_factory=dict)  # lock file name -> why it cannot be complete
+    nvcc: bool = False  # ship nvcc in the runtime image too (the ops stage always has one)
+    gpus: tuple[str, ...] | None = None  # GPUs the entry claims; None: compat.yaml toolchain.claims
+    cuda_archs: str | None = None  # TORCH_CUDA_ARCH_LIST for the ops; None: compat.yaml default for its CUDA
     lines: dict = field(default_factory=dict, compare=False, repr=False)
     source: str = "matrix.yaml"
 
@@ -190,9 +195,18 @@ def _lock_exceptions(value, fail) -> dict:
     for name, reason in value.items():
         if name not in EXCEPTABLE_LOCKS:
             fail(f"{name!r} cannot be excepted", f"only {', '.join(EXCEPTABLE_LOCKS)} may be")
-        if not isinstance(reason, str) or not reason.strip() or not NOTE_RE.match(reason):
+        if not isinstance(reason, str) or not reason.strip() or not NOTE_RE.fullmatch(reason):
             fail(f"the reason for {name} must be one line of plain text", "say why the lock cannot be complete")
     return dict(value)
+
+
+def _gpus(value, fail) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        fail("expected a non-empty list of GPU models", "e.g. [A100, H100] (names from compat.yaml toolchain.gpus)")
+    for name in value:
+        if not isinstance(name, str) or not GPU_RE.fullmatch(name):
+            fail(f"{name!r} is not a GPU model name", "letters, digits, '_' and '-' only, e.g. H100")
+    return tuple(value)
 
 
 def _optional_version(value, fail):
@@ -213,6 +227,9 @@ ENTRY_FIELDS: dict[str, tuple[Callable, bool]] = {
     "ci": (_bool, False),
     "default": (_bool, False),
     "lock_exceptions": (_lock_exceptions, False),
+    "nvcc": (_bool, False),
+    "gpus": (_gpus, False),
+    "cuda_archs": (_pattern(ARCH_LIST_RE, "a CUDA arch list", '"8.0;9.0+PTX"'), False),
 }
 DEFAULTS_ONLY = {"image": _image_name}
 TOP_LEVEL = ("defaults", "entries")
@@ -328,7 +345,8 @@ def _read_entry(raw, index: int, defaults: dict, report: _Reporter) -> Entry:
         cuda=values["cuda"], pins=pins, index_url=values.get("index_url", FALLBACKS["index_url"]),
         runner=tuple(values.get("runner", FALLBACKS["runner"])), ci=values.get("ci", False),
         default=values.get("default", False), base_source=values.get("base_source", ""),
-        lock_exceptions=values.get("lock_exceptions", {}), lines=lines, source=str(report.path),
+        lock_exceptions=values.get("lock_exceptions", {}), nvcc=values.get("nvcc", False), gpus=values.get("gpus"),
+        cuda_archs=values.get("cuda_archs"), lines=lines, source=str(report.path),
     )
 
 

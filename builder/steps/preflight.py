@@ -23,7 +23,6 @@ from builder.model.matrix import Entry
 from builder.steps import lock
 
 DOCKER_HUB = "https://registry-1.docker.io/v2/"
-COPY_RE = re.compile(r"^COPY\s+(?:--\S+\s+)*(\S+)\s+\S+\s*$", re.M)
 Probe = Callable[[str], str | None]  # url -> None when something answered, else why not
 
 
@@ -47,8 +46,16 @@ def http_probe(url: str, timeout: float = 10) -> str | None:
 
 
 def copied_files(dockerfile: Path) -> list[str]:
-    """Files the Dockerfile COPYs from the tag directory (smoke/ comes from the repository root)."""
-    return [src for src in COPY_RE.findall(dockerfile.read_text()) if not src.startswith("smoke")]
+    """Files the Dockerfile COPYs from the build context's tag directory: every source of every COPY, except
+    copies from another stage (`--from=`) and smoke/ (it comes from the repository root)."""
+    found = []
+    for line in dockerfile.read_text().splitlines():
+        words = line.split()
+        if not words or words[0] != "COPY" or any(w.startswith("--from=") for w in words):
+            continue
+        sources = [w for w in words[1:] if not w.startswith("--")][:-1]
+        found += [src for src in sources if not src.startswith("smoke")]
+    return found
 
 
 def registry_url(ref: str) -> str:

@@ -165,6 +165,9 @@ def gate(entry, options: Options) -> tuple[object, dict, list[str]]:
         raise StepFailed(f"{entry.tag}: refusing to publish: the passing smoke report is for image "
                          f"{str(smoke.get('image_id'))[:19]}, but {ref} is now {image.id[:19]} (rebuilt or retagged)",
                          f"gate this exact image: {rerun}")
+    if smoke.get("not_run"):
+        raise StepFailed(f"{entry.tag}: refusing to publish: the gate left out {', '.join(smoke['not_run'])}",
+                         f"run the whole gate: {rerun}")
     exceptions = []
     level = smoke.get("level") or {"kind": smoke.get("mode")}
     if plan.needs_gpu_gate(entry) and level.get("kind") != "gpu":

@@ -52,6 +52,7 @@ def os_id(entry: Entry) -> str:
 def facts(entry: Entry) -> dict:
     """The image's own description: copied to /opt/train-image/image.json and into labels."""
     derived = compat.derive(entry)
+    tc = compat.toolchain(entry)
     return {
         "schema": FACTS_SCHEMA,
         "tag": entry.tag,
@@ -65,7 +66,14 @@ def facts(entry: Entry) -> dict:
         "cxx11abi": derived["cxx11abi"],
         "cudnn_major": derived["cudnn_major"],
         "flash_attn_wheel": derived["flash_attn_wheel"],
-        "deepspeed_ops": [],
+        "deepspeed_ops": [op["name"] for op in tc["ops"]],
+        "ops": {"arch_list": tc["arch_list"], "gpus": tc["gpus"],
+                "modules": {o["name"]: o["module"] for o in tc["ops"]},
+                "builders": {o["name"]: o["builder"] for o in tc["ops"]},
+                "cuda_ops": [o["name"] for o in tc["ops"] if o["cuda"]], "cpu_target": tc["cpu_target"]["march"],
+                "nvcc": tc["nvcc"]["kind"]},
+        "gpu_capability": {g: compat.rules()["toolchain"]["gpus"]["capability"][g] for g in tc["gpus"]},
+        "nvcc_in_image": entry.nvcc,
         "index_url": entry.index_url,
     }
 
@@ -76,6 +84,7 @@ def render_entry(entry: Entry) -> dict[str, str]:
     dockerfile = template.render(
         tag=entry.tag, base=entry.base, base_source=entry.base_source, python=entry.python, cuda=entry.cuda,
         pins=entry.pins, min_driver=data["min_driver"], index_url=entry.index_url, os_id=os_id(entry),
+        tc=compat.toolchain(entry),
     )
     return {"Dockerfile": dockerfile, "image.json": json.dumps(data, indent=2, sort_keys=True) + "\n"}
 

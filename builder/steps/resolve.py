@@ -48,7 +48,7 @@ def _uv() -> str:
         raise EnvironmentProblem("uv is not installed", "run `make venv` (or pip install uv)") from None
 
 
-def compile_requirements(entry: Entry, hashes: bool) -> str:
+def compile_requirements(entry: Entry, hashes: bool, lines: list[str] | None = None) -> str:
     """Run uv pip compile; return its output. Conflicts become a CompatError in uv's own plain words."""
     argv = [_uv(), "pip", "compile", "-", "--python-version", entry.python, "--python-platform", PLATFORM,
             "--index-url", entry.index_url, "--no-header", "--quiet", "--annotation-style", "split"]
@@ -59,7 +59,7 @@ def compile_requirements(entry: Entry, hashes: bool) -> str:
     log.echo_command(argv)
     env = dict(os.environ, UV_NO_CONFIG="1")  # the project decides, not a stray uv.toml
     try:
-        proc = subprocess.run(argv, input="\n".join(requirement_lines(entry)) + "\n", text=True,
+        proc = subprocess.run(argv, input="\n".join(lines or requirement_lines(entry)) + "\n", text=True,
                               capture_output=True, env=env, timeout=600)
     except subprocess.TimeoutExpired:
         raise EnvironmentProblem(f"{entry.tag}: resolution took over 10 minutes", "is the index reachable?") from None

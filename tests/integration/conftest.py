@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
-from tests.integration.images import CI_TAG, canary_bundle, docker_available
+from tests.integration.images import CI_TAG, CI_TAG_CUDA12, canary_bundle, docker_available
 
 
 @pytest.fixture(scope="session")
@@ -45,3 +45,33 @@ def ci_build(require_docker, tmp_path_factory):
     return {"report": report, "log": log, "marker": marker, "bundle": bundle, "tmp": tmp, "fast": fast}
 
 
+
+
+@pytest.fixture(scope="session")
+def ci_build_cuda12(require_docker, tmp_path_factory):
+    """Build the CUDA 12 CI entry for real, ops stage included (incremental: the secret and no-cache checks
+    are the CUDA 13 build's job; on CI's fresh machine this is a cold build anyway)."""
+    tmp = tmp_path_factory.mktemp("ci-build-cuda12")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("PIP_INDEX_URL", None)
+    proc = subprocess.run([sys.executable, "-m", "builder", "build", CI_TAG_CUDA12, "--local-base"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=3000)
+    log = proc.stdout + proc.stderr
+    (tmp / "build.log").write_text(log)
+    assert proc.returncode == 0, log[-4000:]
+    from builder.model import paths
+
+    return {"report": json.loads((ROOT / paths.report(CI_TAG_CUDA12, "build")).read_text()), "log": log, "tmp": tmp}
+
+
+@pytest.fixture(scope="session")
+def ci_gate(ci_build):
+    """The whole gate, once per session, on the CI image built above (`builder smoke TAG --cpu`): on 2 cores it
+    takes minutes (DeepSpeed JIT-builds its CPU ops, as for any CPU user), so the gate test and the publish
+    round trip share this one run."""
+    proc = subprocess.run([sys.executable, "-m", "builder", "smoke", CI_TAG, "--cpu"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=2400)
+    from builder.model import paths
+
+    report = json.loads((ROOT / paths.report(CI_TAG, "smoke")).read_text())
+    return {"proc": proc, "report": report}

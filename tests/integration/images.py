@@ -69,7 +69,8 @@ def build_small(tmp_path, name: str, dockerfile: str, no_cache: bool = False) ->
     (context / "Dockerfile").write_text(dockerfile)
     ref = f"builder-test/{name}:latest"
     argv = [DOCKER, "build", "-q", "-t", ref] + (["--no-cache"] if no_cache else []) + [str(context)]
-    proc = subprocess.run(argv, env={"DOCKER_BUILDKIT": "1", "PATH": "/usr/bin:/bin"}, capture_output=True,
+    proc = subprocess.run(argv, env={"DOCKER_BUILDKIT": "1", "PATH": "/usr/bin:/bin",
+                                                   **{k: v for k, v in os.environ.items() if k == "DOCKER_HOST"}}, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return ref

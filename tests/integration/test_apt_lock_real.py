@@ -53,8 +53,8 @@ def test_a_version_gone_from_the_archive_falls_back_to_the_snapshot_then_fails_c
     extra = f"mkdir -p /etc/apt/sources.list.d && printf '{DEB822}' > /etc/apt/sources.list.d/sec.sources\n"
     proc = run_block(tmp_path, lock_text, extra)
     assert proc.returncode == 1
-    assert "retrying from snapshot http://snapshot.debian.org/archive 20261202T150851Z" in proc.stderr
-    assert "URIs: http://snapshot.debian.org/archive/debian-security/20261202T150851Z/" in proc.stdout
-    assert "http://snapshot.debian.org/archive/debian/20261202T150851Z/ bookworm main" in proc.stdout
+    assert "retrying from snapshot http://snapshot.debian.org/archive 20261203T090000Z" in proc.stderr
+    assert "URIs: http://snapshot.debian.org/archive/debian-security/20261203T090000Z/" in proc.stdout
+    assert "http://snapshot.debian.org/archive/debian/20261203T090000Z/ bookworm main" in proc.stdout
     assert ("error: neither the live apt archive nor snapshot http://snapshot.debian.org/archive/<archive>/"
-            "20261202T150851Z serves every version in apt.lock") in proc.stderr
+            "20261203T090000Z serves every version in apt.lock") in proc.stderr

@@ -115,3 +115,84 @@ def test_violation_message_has_file_line_rule_and_source(project):
     text = compat.check(e)[0].render(e)
     assert text.startswith(f"{project / 'matrix.yaml'}:9: entry 'cu121-torch2.3', field 'cuda': [torch-cuda]")
     assert "(source: https://" in text
+
+
+# --- toolchain: DeepSpeed ops, nvcc, GPU archs -------------------------------------------------------------
+
+BOOKWORM = "cu130-torch2.13-bookworm"
+
+
+@pytest.mark.parametrize("old, new, tag, rule, words", [
+    ("    nvcc: true\n", "", "cu121-torch2.3", "deepspeed-nvcc", "DeepSpeed 0.15.1 fails at `import deepspeed`"),
+    ("    runner: [ubuntu-latest]", '    cuda_archs: "8.0;9.0"\n    runner: [ubuntu-latest]', BOOKWORM, "gpu-archs",
+     "B200 (compute capability 10.0) has no code in the ops' arch list"),
+    ("    runner: [ubuntu-latest]", '    cuda_archs: "7.0;9.0+PTX"\n    runner: [ubuntu-latest]', BOOKWORM,
+     "cuda-archs-nvcc", "nvcc 13.0 cannot compile sm_70"),
+    ("    runner: [ubuntu-latest]", "    gpus: [H100, P100]\n    runner: [ubuntu-latest]", BOOKWORM, "gpu-known",
+     "GPU 'P100' is not in compat.yaml"),
+])
+def test_toolchain_rules(project, old, new, tag, rule, words):
+    e = entry_with(project, old, new, tag)
+    found = [v for v in compat.check(e) if v.rule == rule]
+    assert found, compat.check(e)
+    assert any(words in v.reason for v in found), found
+    assert all(v.source for v in found)
+
+
+def test_newer_deepspeed_needs_no_nvcc(project):
+    assert compat.check(matrix.load(project / "matrix.yaml").by_tag()[BOOKWORM]) == []
+
+
+@pytest.mark.parametrize("arch_list, capability, runs", [
+    ("8.0;9.0", "8.9", True),      # sm_80 SASS runs on sm_89 (same major, newer minor)
+    ("8.6;9.0", "8.0", False),     # but not on an older minor
+    ("8.0;9.0+PTX", "12.0", True),  # PTX JIT on anything newer
+    ("8.0;9.0", "12.0", False),    # no PTX: no code for Blackwell
+    ("7.5;8.0+PTX", "7.0", False),  # PTX does not run on older GPUs
+])
+def test_arch_coverage(arch_list, capability, runs):
+    assert compat.arch_runs_on(arch_list, capability) is runs
+
+
+def test_toolchain_per_cuda_line(project):
+    entries = matrix.load(project / "matrix.yaml").by_tag()
+    cuda13 = compat.toolchain(entries[BOOKWORM])
+    assert cuda13["nvcc"]["kind"] == "pypi" and cuda13["cuda_home"].endswith("python3.11/site-packages/nvidia/cu13")
+    assert cuda13["arch_list"].endswith("+PTX") and cuda13["container_env"]["driver_capabilities"] == "compute,utility"
+    cuda12 = compat.toolchain(entries["cu121-torch2.3"])
+    assert cuda12["nvcc"]["kind"] == "image" and cuda12["nvcc"]["image"] == "nvidia/cuda:12.1.1-devel-ubuntu22.04"
+    assert cuda12["container_env"] is None  # nvidia/cuda sets NVIDIA_* itself
+    assert {o["name"] for o in cuda13["ops"]} >= {"fused_adam", "cpu_adam"}
+
+
+def test_toolchain_rules_name_sources():
+    t = compat.rules()["toolchain"]
+    assert all(o["source"] for o in t["ops"]) and all(n["source"] for n in t["nvcc"])
+    assert all(a["source"] for a in t["cuda_archs"].values())
+    assert t["gpus"]["source"] and t["deepspeed_needs_nvcc"]["source"] and t["cpu_target"]["source"]
+
+
+def test_debian_nvcc_is_build_only(project):
+    text = VALID_MATRIX.replace("""    runner: [ubuntu-latest]
+    ci: true
+    default: true
+""", """    runner: [ubuntu-latest]
+    ci: true
+    default: true
+  - tag: cu124-torch2.6-trixie
+    base: debian:trixie-slim@sha256:a29215f6a35e51e22adffa17f89e9d2ef06214e64a2bad10d765c46aea49f11f
+    python: "3.13"
+    cuda: "12.4"
+    torch: 2.6.0
+    transformers: 5.24.0
+    deepspeed: 0.19.8
+    peft: 0.21.2
+    accelerate: 1.16.0
+    nvidia-ml-py: 13.615.71
+    nvcc: true
+""")
+    (project / "matrix.yaml").write_text(text)
+    e = matrix.load(project / "matrix.yaml").by_tag()["cu124-torch2.6-trixie"]
+    assert compat.toolchain(e)["host_cxx"] == "g++-13"  # nvcc 12.4 accepts GCC <= 13; trixie's default is 14
+    found = [v for v in compat.check(e) if v.rule == "nvcc-in-image"]
+    assert found and "libcuda1" in found[0].reason

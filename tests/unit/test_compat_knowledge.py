@@ -121,7 +121,7 @@ def entry(**over) -> Entry:
             "accelerate": "1.4.0", "nvidia-ml-py": "12.570.86", "flash-attn": "2.7.4.post1"}
     pins.update(over.pop("pins", {}))
     fields = dict(tag="t", image="i", base="nvidia/cuda:12.4.1-runtime-ubuntu22.04", python="3.10", cuda="12.4",
-                  pins=pins, index_url="https://pypi.org/simple", runner=("x",))
+                  pins=pins, index_url="https://pypi.org/simple", runner=("x",), nvcc=True)  # DeepSpeed 0.16 needs nvcc
     fields.update(over)
     return Entry(**fields)
 

@@ -5,6 +5,7 @@ every instruction, as the clean entry."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import tempfile
 from pathlib import Path
@@ -33,6 +34,12 @@ _WEIGHTED = FIELDS + ["tag", "base", "base_source", "index_url", "image", "runne
 NASTY = ["\nRUN id", "\r\nRUN id", "\rRUN id", "\\\nRUN id", "\u2028RUN id", "\u0085RUN id", "\x0bRUN id",
          "\n", " && id", "; id", "$(id)", "`id`", '"', "'", "\\", "#", " ", "\t", "\x00", "{{ 7*7 }}", "${HOME}",
          "/../../x", "/..", "|", ">", "*"]
+
+
+def examples(deep: int) -> int:
+    """A quarter of the deep run by default, so `make unit` stays well under a minute; HOSTILE_SCALE=1 (or more)
+    for the thorough run (numbers in docs/architecture.md)."""
+    return max(25, int(deep * float(os.environ.get("HOSTILE_SCALE", "0.25"))))
 
 
 def _field_value(field: str):
@@ -92,7 +99,7 @@ def _load(values: dict):
         return matrix.load(path)
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(600), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(entries)
 def test_no_matrix_value_becomes_an_instruction_or_a_shell_word(values):
     try:
@@ -113,7 +120,7 @@ def test_no_matrix_value_becomes_an_instruction_or_a_shell_word(values):
     assert render.tag_dir(root, entry.tag).parent == root
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text(max_size=80))
 def test_no_tag_names_a_path_outside_dockerfiles(tag):
     root = Path("/repo/dockerfiles")
@@ -124,7 +131,7 @@ def test_no_tag_names_a_path_outside_dockerfiles(tag):
     assert path.parent == root and path.name == tag and tag not in (".", "..")
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text(max_size=120))
 def test_report_text_is_inert_markdown(text):
     """Whatever a report says, the catalog shows it on one line with every markup character escaped."""
@@ -138,7 +145,7 @@ def test_report_text_is_inert_markdown(text):
     assert not re.search(r"[`*_\[\]<>|!#~&@\\]|://|(?i:\bwww\.)", unescaped), shown
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.text(max_size=30), st.text(alphabet="abcdefghij0123456789", min_size=6, max_size=20))
 def test_no_error_message_echoes_url_credentials(prefix, secret):
     """Any message built around a URL with user:password@ is masked, however the value is surrounded."""
@@ -156,7 +163,7 @@ _YAMLISH = st.lists(st.sampled_from([
 ]), max_size=40).map("".join)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(st.binary(max_size=300), _YAMLISH.map(lambda s: s.encode("utf-8"))))
 def test_any_bytes_as_a_matrix_give_a_clean_answer(data):
     """Whatever matrix.yaml holds, validation answers with success or a UserError, never another exception."""
@@ -178,7 +185,7 @@ _REPORT_KEYS = ["result", "image_id", "size_bytes", "versions", "passed", "mode"
 _REPORT = st.dictionaries(st.sampled_from(_REPORT_KEYS), _JSON, max_size=8)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(["build", "smoke", "publish", "repro"]), _REPORT | _JSON)
 def test_any_report_json_gives_a_catalog_or_a_user_error(step, data):
     """Whatever a report holds, the catalog renders or refuses with a UserError naming the file."""
@@ -202,7 +209,7 @@ def _valid_save() -> bytes:
     return _save()
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(st.binary(max_size=2048),
                  st.lists(st.tuples(st.integers(0, 8191), st.integers(0, 255)), min_size=1, max_size=6)))
 def test_any_archive_bytes_give_a_manifest_or_a_user_error(damage):

@@ -200,3 +200,20 @@ def test_result_passed_and_json(tmp_path):
     path = report.write_json(str(tmp_path), "train", d)
     assert json.load(open(path))["items"][2] == {"name": "b", "ok": False, "detail": "broken"}
     assert not report.Result("x", "cpu").passed  # nothing ran is not a pass
+
+
+def test_ops_arch_coverage_matches_cuda_rules():
+    from smoke import ops
+
+    archs = sorted(ops.parse_arch_list("8.0;9.0;10.0;12.0+PTX"))
+    assert ("ptx", "12.0") in archs and ("sm", "12.0") in archs and ("ptx", "9.0") not in archs
+    assert ops.runs_on(archs, "8.9") == "sm_80"          # same major, newer minor: SASS runs
+    assert ops.runs_on(archs, "7.5") is None              # older than anything built
+    assert ops.runs_on(archs, "12.1") == "sm_120"
+    assert ops.runs_on([("sm", "8.0"), ("ptx", "9.0")], "10.0") == "compute_90 (PTX JIT)"
+
+
+def test_ops_fatbin_of_a_library_without_gpu_code_is_empty():
+    from smoke import ops
+
+    assert ops.fatbin_archs(sys.executable) == []  # an ELF without .nv_fatbin

@@ -50,7 +50,7 @@ ENV VIRTUAL_ENV=/opt/venv \
 ARG SOURCE_DATE_EPOCH=0
 RUN PYTHONHASHSEED=0 python3.10 -m venv /opt/venv
 
-FROM os AS python
+FROM os AS torch
 ARG SOURCE_DATE_EPOCH=0
 # torch and what it needs, alone in one layer: tags sharing a base and torch share this layer.
 COPY torch.lock /opt/train-image/locks/torch.lock
@@ -66,10 +66,31 @@ RUN --mount=type=cache,id=wheels-py3.10,target=/var/cache/wheels,sharing=locked 
     pip download -q --no-cache-dir --require-hashes --no-deps -d /var/cache/wheels -r /opt/train-image/locks/torch.lock \
     && pip install --no-cache-dir --require-hashes --no-deps --no-index --find-links /var/cache/wheels -r /opt/train-image/locks/torch.lock
 
-# Everything else, hash-checked. DeepSpeed ships only an sdist whose setup.py imports torch: it is built
-# against the torch above (--no-build-isolation) through PEP 517, not the deprecated `setup.py install`.
-COPY requirements.lock /opt/train-image/locks/requirements.lock
-COPY flash-attn.lock /opt/train-image/locks/flash-attn.lock
+# nvcc for the ops stage: NVIDIA's devel image of the same CUDA and OS (compat.yaml toolchain.nvcc).
+FROM nvidia/cuda:12.1.1-devel-ubuntu22.04 AS nvcc
+
+# DeepSpeed 0.15.1 with ops compiled ahead of time (fused_adam, cpu_adam), as a wheel: only the wheel
+# and ops.json (what was built) leave this stage. Its inputs are the base, torch.lock, the toolchain and ops.lock,
+# so entries with the same base, torch, CUDA and DeepSpeed share it.
+FROM torch AS ops
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ARG SOURCE_DATE_EPOCH=0
+COPY --from=nvcc /usr/local/cuda /usr/local/cuda
+COPY ops.lock deepspeed.lock /opt/ops/
+COPY smoke/ops.py /opt/ops/ops.py
+# CPU ops are compiled for a fixed target, not this machine's CPU: DeepSpeed's builder passes -march=native and a
+# SIMD width read from the build CPU (nothing overrides them), so CC is a wrapper that swaps both for
+# -march=x86-64-v3 -D__AVX256__ (setuptools compiles C++ with CXX; torch also hands CC to nvcc as -ccbin). It logs
+# every call, and the stage fails unless the CPU ops went through it.
+# It also drops -g (debug info the linker strips anyway: LDFLAGS=-s; it only slows the compile). The sdist is built from a fixed
+# directory, not pip's random temporary one: paths that reach the objects (__FILE__) are the same every build.
+ENV DS_ACCELERATOR=cuda \
+    TORCH_CUDA_ARCH_LIST="7.0;8.0;9.0+PTX" \
+    CUDA_HOME=/usr/local/cuda \
+    CC=/opt/ops/bin/cc \
+    CXX=/opt/ops/bin/cc \
+    LDFLAGS=-s \
+    MAX_JOBS=2
 RUN --mount=type=cache,id=wheels-py3.10,target=/var/cache/wheels,sharing=locked \
     --mount=type=secret,id=pip_cert,required=false \
     --mount=type=secret,id=pip_index_url,required=false \
@@ -79,12 +100,53 @@ RUN --mount=type=cache,id=wheels-py3.10,target=/var/cache/wheels,sharing=locked 
     if [ -s /run/secrets/pip_index_url ]; then PIP_INDEX_URL="$(cat /run/secrets/pip_index_url)"; export PIP_INDEX_URL; fi; \
     if [ -s /run/secrets/pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /run/secrets/pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \
     export PIP_INDEX_URL="${PIP_INDEX_URL:-https://pypi.org/simple}"; \
-    export DS_BUILD_OPS=0; \
-    pip download -q --no-cache-dir --require-hashes --no-deps --no-build-isolation -d /var/cache/wheels -r /opt/train-image/locks/requirements.lock \
-    && pip install --no-cache-dir --require-hashes --no-deps --no-index --find-links /var/cache/wheels --no-build-isolation --use-pep517 \
+    mkdir -p /opt/ops/bin /opt/ops/wheel \
+    && printf '%s\n' '#!/bin/sh' 'for a do shift; case "$a" in -march=native) a=-march=x86-64-v3;; -D__AVX512__|-D__AVX256__|-D__SCALAR__) a=-D__AVX256__;; -g) continue;; esac; set -- "$@" "$a"; done' 'echo "$*" >> /opt/ops/cc.log' 'exec g++ "$@"' > /opt/ops/bin/cc \
+    && chmod 0755 /opt/ops/bin/cc \
+    && pip download -q --no-cache-dir --require-hashes --no-deps -d /var/cache/wheels -r /opt/ops/ops.lock \
+    && pip install -q --no-cache-dir --require-hashes --no-deps --no-index --find-links /var/cache/wheels -r /opt/ops/ops.lock \
+    && pip download -q --no-cache-dir --require-hashes --no-deps --no-build-isolation -d /var/cache/wheels -r /opt/ops/deepspeed.lock \
+    && /usr/local/cuda/bin/nvcc --version | tail -2 \
+    && mkdir -p /opt/ops/src && tar -xzf /var/cache/wheels/deepspeed-0.15.1.tar.gz -C /opt/ops/src \
+    && if ! DS_BUILD_FUSED_ADAM=1 DS_BUILD_CPU_ADAM=1 DS_BUILD_OPS=0 pip wheel -v --no-cache-dir --no-deps \
+         --no-build-isolation --no-index -w /opt/ops/wheel /opt/ops/src/deepspeed-0.15.1 > /tmp/ds-build.log 2>&1; \
+       then tail -60 /tmp/ds-build.log; exit 1; fi \
+    && if grep -- '-march=native' /opt/ops/cc.log || ! grep -q -- '-march=x86-64-v3' /opt/ops/cc.log; then \
+         echo "the CPU ops were not compiled through /opt/ops/bin/cc with -march=x86-64-v3" >&2; exit 1; fi
+# The stage fails unless every op is prebuilt for CUDA, loads, has exactly the asked GPU archs and no AVX-512
+# (ds_report exits 0 whatever happened). ops.json records what was built, for the image's gate and catalog.
+RUN pip install -q --no-cache-dir --no-deps --no-index /opt/ops/wheel/deepspeed-*.whl \
+    && python /opt/ops/ops.py verify --ops '[{"name":"fused_adam","module":"deepspeed.ops.adam.fused_adam_op","cuda":true},{"name":"cpu_adam","module":"deepspeed.ops.adam.cpu_adam_op","cuda":false}]' --arch-list "$TORCH_CUDA_ARCH_LIST" \
+         --cpu-target "-march=x86-64-v3 -D__AVX256__" \
+         --nvcc "$(/usr/local/cuda/bin/nvcc --version | grep -o 'release [0-9.]*' | cut -d' ' -f2)" \
+         --nvcc-bytes "$(du -sb /usr/local/cuda | cut -f1)" --out /opt/ops/wheel/ops.json > /dev/null
+
+FROM torch AS python
+ARG SOURCE_DATE_EPOCH=0
+# Everything else, hash-checked; DeepSpeed is the wheel the ops stage built from the hash-checked sdist in ops.lock.
+COPY requirements.lock /opt/train-image/locks/requirements.lock
+COPY deepspeed.lock /opt/train-image/locks/deepspeed.lock
+COPY flash-attn.lock /opt/train-image/locks/flash-attn.lock
+COPY --from=ops /opt/ops/wheel/ /opt/train-image/ops/
+RUN --mount=type=cache,id=wheels-py3.10,target=/var/cache/wheels,sharing=locked \
+    --mount=type=secret,id=pip_cert,required=false \
+    --mount=type=secret,id=pip_index_url,required=false \
+    --mount=type=secret,id=pip_extra_index_url,required=false \
+    export PYTHONHASHSEED=0; \
+    if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
+    if [ -s /run/secrets/pip_index_url ]; then PIP_INDEX_URL="$(cat /run/secrets/pip_index_url)"; export PIP_INDEX_URL; fi; \
+    if [ -s /run/secrets/pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /run/secrets/pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \
+    export PIP_INDEX_URL="${PIP_INDEX_URL:-https://pypi.org/simple}"; \
+    pip download -q --no-cache-dir --require-hashes --no-deps -d /var/cache/wheels -r /opt/train-image/locks/requirements.lock \
+    && pip install --no-cache-dir --require-hashes --no-deps --no-index --find-links /var/cache/wheels \
          -r /opt/train-image/locks/requirements.lock \
+    && pip install --no-cache-dir --no-deps --no-index /opt/train-image/ops/deepspeed-*.whl \
+    && rm /opt/train-image/ops/deepspeed-*.whl \
     && pip install --no-cache-dir --require-hashes --no-deps -r /opt/train-image/locks/flash-attn.lock \
     && pip check
+# nvcc in the image too (matrix `nvcc: true`), so other CUDA extensions can JIT-build.
+COPY --from=nvcc /usr/local/cuda /usr/local/cuda
+ENV CUDA_HOME=/usr/local/cuda
 
 FROM python AS runtime
 # What the image is (facts.json) and the gate that proves it trains (smoke), runnable on any host:
