@@ -15,13 +15,19 @@ IN_IMAGE_SCRIPT = "/opt/train-image/smoke/installed.py"
 FACTS = "/opt/train-image/image.json"
 
 
-def installed(image: str) -> dict:
-    # smoke/ is copied into every image: its inventory script is the one contract for "what is installed".
-    code, logs = engine.run_container(image, ["python", IN_IMAGE_SCRIPT], timeout=300)
+def _script_output(image: str, script: str, prefix: str) -> tuple[dict | None, str]:
+    """Run one of smoke/'s stdlib scripts in the image (smoke/ is in every image); its JSON line, or why not."""
+    code, logs = engine.run_container(image, ["python", script], timeout=300)
     for line in logs.splitlines():
-        if line.startswith("INSTALLED-JSON "):
-            return json.loads(line[len("INSTALLED-JSON "):])
-    return {"error": f"exit {code}: {logs.strip()[-500:]}"}
+        if line.startswith(prefix):
+            return json.loads(line[len(prefix):]), ""
+    return None, f"exit {code}: {logs.strip()[-500:]}"
+
+
+def installed(image: str) -> dict:
+    """What is installed, as smoke/installed.py reports it (smoke/schemas/installed.schema.json)."""
+    found, why = _script_output(image, IN_IMAGE_SCRIPT, "INSTALLED-JSON ")
+    return found if found is not None else {"error": why}
 
 
 def problems(facts: dict, found: dict) -> list[str]:
@@ -57,11 +63,10 @@ INVENTORY_SCRIPT = "/opt/train-image/smoke/inventory.py"
 
 def inventory(image: str) -> dict:
     """Every Python and OS package in the image, with a content hash each (smoke/inventory.py)."""
-    code, logs = engine.run_container(image, ["python", INVENTORY_SCRIPT], timeout=300)
-    for line in logs.splitlines():
-        if line.startswith("INVENTORY-JSON "):
-            return json.loads(line[len("INVENTORY-JSON "):])
-    raise StepFailed(f"could not list the packages of {image}: exit {code}: {logs.strip()[-300:]}")
+    found, why = _script_output(image, INVENTORY_SCRIPT, "INVENTORY-JSON ")
+    if found is None:
+        raise StepFailed(f"could not list the packages of {image}: {why[-300:]}")
+    return found
 
 
 def read_facts(image) -> dict:
