@@ -130,7 +130,11 @@ def read_gate_output(out_dir: Path) -> tuple[dict | None, dict, str | None]:
         return None, {}, None
     try:
         result = json.loads(result_file.read_text())
-        per_check = {p.stem: json.loads(p.read_text()) for p in out_dir.glob("*.json") if p.stem != "all"}
+        # Only the results all.json names: checks keep their own scratch files (rank results) beside them.
+        names = [c.get("name") for c in result.get("checks", []) if isinstance(c, dict)] if isinstance(
+            result, dict) else []
+        per_check = {n: json.loads((out_dir / f"{n}.json").read_text()) for n in names
+                     if isinstance(n, str) and n.isidentifier() and (out_dir / f"{n}.json").is_file()}
     except (OSError, ValueError) as exc:
         return None, {}, f"the gate's output is not JSON ({exc})"
     found = reports.problems("all", result, smoke=True) + [

@@ -78,6 +78,16 @@ def test_builder_reads_a_valid_gate_output(tmp_path):
     assert result == verdict and set(per_check) == {"env"} and broken is None
 
 
+def test_scratch_files_of_the_checks_are_not_results(tmp_path):
+    """train and nccl leave their ranks' results (.train-adamw.rank0.json) beside the check results: not part
+    of the contract, so they must neither be read as results nor fail it (found by the CUDA 12 gate in CI)."""
+    verdict = {"passed": True, "mode": "cpu", "seconds": 20.0, "checks": [{"name": "env", "passed": True}]}
+    out = _gate_dir(tmp_path, verdict)
+    (out / ".train-adamw.rank0.json").write_text(json.dumps({"items": [], "figures": {}}))
+    result, per_check, broken = smoke_step.read_gate_output(out)
+    assert result == verdict and set(per_check) == {"env"} and broken is None
+
+
 def test_builder_refuses_gate_output_that_breaks_the_contract(tmp_path):
     # `passed` as a string would read as truthy: exactly what a schema is for.
     verdict = {"passed": "yes", "mode": "cpu", "seconds": 20.0, "checks": []}
