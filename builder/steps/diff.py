@@ -15,7 +15,7 @@ from packaging.version import InvalidVersion, Version
 
 from builder import log
 from builder.errors import UserError
-from builder.model import paths
+from builder.model import paths, reference
 from builder.steps import manifest
 
 KINDS = ("upgraded", "downgraded", "added", "removed")
@@ -187,7 +187,7 @@ def main(options: Options, m) -> int:
     refs = [resolve(options.a, m), resolve(options.b, m)]
     for ref in refs:  # both names checked before the engine is asked about either
         if not manifest.is_archive(ref):
-            manifest.check_image_name(ref)
+            reference.check_image_name(ref)
     manifests = []
     for ref in refs:
         with log.step(f"manifest {ref}") as note:

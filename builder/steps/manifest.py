@@ -305,9 +305,6 @@ def is_archive(image: str) -> bool:
     return False  # a directory that happens to be named like an image in cwd: the image is meant
 
 
-check_image_name = reference.check_image_name  # kept here too: manifest and diff callers
-
-
 def image_id(image: str) -> str | None:
     found = engine.image_or_none(image)
     return found.id if found is not None else None
@@ -328,7 +325,7 @@ def manifest(image: str, cache: bool = True) -> dict:
             raise UserError(f"{image}: cannot read ({exc.strerror or exc})", "pass a `docker save` tar file") from None
         result["stats"] = {"seconds": round(time.monotonic() - started, 1), "cached": False}
         return result
-    check_image_name(image)
+    reference.check_image_name(image)
     ident = image_id(image)
     if ident is None:
         raise UserError(f"image {image} is not here", "build it, or `docker pull` it first")
@@ -366,7 +363,7 @@ def dumps(result: dict) -> str:
 
 def main(options: Options, m=None) -> int:
     if not is_archive(options.image):
-        check_image_name(options.image)
+        reference.check_image_name(options.image)
         engine.sdk()  # only an image name needs the engine; a tar file is read here
     with log.step(f"manifest {options.image}") as note:
         result = manifest(options.image)

@@ -22,7 +22,6 @@ from builder.errors import EnvironmentProblem, StepFailed, UserError
 from builder.model import attestations, reference
 from builder.steps import smoke
 
-FACTS = "/opt/train-image/image.json"
 MIN_SHM_MB = 1024  # below this, NCCL and DataLoader workers fail when containers share the host's /dev/shm
 
 
