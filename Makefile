@@ -33,6 +33,12 @@ render: venv ## render dockerfiles/ and the README table
 lock: venv ## re-lock TAG (default: every entry) against its index
 	$(PY) -m builder lock $(TAG) $(BUILD_FLAGS)
 
+build-tools-lock: venv ## re-lock builder/data/build-tools.lock (uv, used inside image builds) from build-tools.in
+	$(VENV)/bin/uv pip compile builder/data/build-tools.in --generate-hashes --python-platform x86_64-manylinux_2_28 \
+	  --python-version 3.10 --no-header -q -o build/build-tools.lock.new
+	{ sed -n '1,2p' builder/data/build-tools.lock; cat build/build-tools.lock.new; } > build/build-tools.lock.tmp \
+	  && mv build/build-tools.lock.tmp builder/data/build-tools.lock && rm build/build-tools.lock.new
+
 lint: venv ## ruff, render --check, lock --check
 	$(PY) -m ruff check builder smoke tests bench && $(PY) -m builder render --check && $(PY) -m builder lock --check
 

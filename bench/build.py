@@ -1,10 +1,21 @@
 """Build benchmark: our rendered Dockerfile vs a naive single-stage one, same pins, same machine, same run.
 
-For each: cold (no image, no build cache, no pip cache), warm (nothing changed), and after changing one
-package pin. Prints times, image sizes and ours/naive ratios. Runs in a temporary copy of the repo so the
-working tree is untouched. Takes ~15-25 minutes and prunes the BuildKit cache (cache mounts included).
+The naive Dockerfile does the same job the usual way: one stage, the same pins (no lock, no hashes), the same
+DeepSpeed ops (FusedAdam, CPUAdam) prebuilt for the same GPU archs with nvcc from the same source, no cache
+mount, `pip install --no-cache-dir`. Each side is measured:
 
-    .venv/bin/python bench/build.py [--tag TAG] [--pin peft=0.21.1]
+  cold             no image, no build cache, no cache mounts (everything pruned first)
+  warm             nothing changed
+  one pin changed  --pin NAME=VERSION (not torch), re-locked and re-rendered as a user would
+  torch changed    (ours) --torch VERSION: which steps were reused, and the time
+  unchanged matrix (ours) `builder build` of every tag built here, nothing changed
+
+and every build prints its phases (from BuildKit's step timings: OS packages, uv, torch download+install,
+DeepSpeed ops wheel, the rest, export, the builder's own checks after the build). Stages that run side by
+side (ops beside python) both count their full time, so a column may sum to more than the wall time.
+Runs in a temporary copy of the repository (the working tree is untouched); prunes the BuildKit cache.
+
+    .venv/bin/python bench/build.py [--tag TAG] [--pin peft=0.21.1] [--torch 2.12.0] [--skip-naive]
 """
 
 from __future__ import annotations
@@ -12,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -21,26 +33,103 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKER = os.environ.get("BUILDER_DOCKER", "/usr/bin/docker")
+OURS_REF = "ghcr.io/train-images/train:{tag}"
+NAIVE_REF = "bench/naive:{tag}"
 
 NAIVE = """\
 FROM {base}
-RUN apt-get update && apt-get install -y --no-install-recommends python{py} python{py}-venv ca-certificates g++ \\
+RUN apt-get update && apt-get install -y --no-install-recommends {os_packages} \\
     && rm -rf /var/lib/apt/lists/*
 RUN python{py} -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH PIP_PROGRESS_BAR=off
-# The usual hand-written way: torch first (DeepSpeed's setup.py imports it), then the rest; no lock, no cache.
+# The usual hand-written way: torch (and ninja) first, since DeepSpeed's setup.py imports torch; then nvcc; then the
+# rest with DeepSpeed's ops built at install time. No lock, no cache mount.
 RUN --mount=type=secret,id=pip_cert,required=false export PIP_CERT=/run/secrets/pip_cert \\
-    && pip install --no-cache-dir torch=={torch} && pip install --no-cache-dir ninja {pins}
+    && pip install --no-cache-dir torch=={torch} ninja
+RUN --mount=type=secret,id=pip_cert,required=false export PIP_CERT=/run/secrets/pip_cert \\
+    && pip install --no-cache-dir {nvcc_pins} \\
+    && for lib in cudart curand cublas; do ln -sf "$(basename "$(ls {cuda_home}/lib/lib$lib.so.* | head -1)")" {cuda_home}/lib/lib$lib.so; done
+ENV CUDA_HOME={cuda_home} TORCH_CUDA_ARCH_LIST="{arch_list}"
+RUN --mount=type=secret,id=pip_cert,required=false export PIP_CERT=/run/secrets/pip_cert \\
+    && DS_BUILD_FUSED_ADAM=1 DS_BUILD_CPU_ADAM=1 pip install --no-cache-dir --no-build-isolation {pins}
 COPY smoke/ /opt/train-image/smoke/
 """
 
+STEP_RE = re.compile(r"^\s*#(\d+) (.*)$")
+DONE_RE = re.compile(r"^DONE (\d+(?:\.\d+)?)s$")
 
-def sh(argv, cwd=None, env=None) -> float:
+
+def run_logged(argv, cwd=None, env=None) -> tuple[float, list[str]]:
+    """Run, streaming output to a list; exit on failure with the tail."""
     start = time.monotonic()
-    proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            errors="replace")
+    lines = [line.rstrip("\n") for line in proc.stdout]
+    proc.wait()
+    seconds = time.monotonic() - start
     if proc.returncode != 0:
-        sys.exit(f"failed: {' '.join(map(str, argv))}\n{(proc.stdout + proc.stderr)[-3000:]}")
-    return time.monotonic() - start
+        sys.exit(f"failed ({proc.returncode}): {' '.join(map(str, argv))}\n" + "\n".join(lines[-40:]))
+    return seconds, lines
+
+
+def steps(lines: list[str]) -> list[dict]:
+    """BuildKit plain-progress steps: title, seconds (None if cached), in order of first appearance."""
+    found: dict[str, dict] = {}
+    for line in lines:
+        m = STEP_RE.match(line)
+        if not m:
+            continue
+        num, rest = m.groups()
+        step = found.setdefault(num, {"title": None, "seconds": None, "cached": False})
+        done = DONE_RE.match(rest)
+        if done:
+            step["seconds"] = float(done.group(1))
+        elif rest == "CACHED":
+            step["cached"] = True
+        elif step["title"] is None and not re.match(r"^\d+\.\d+ ", rest):
+            step["title"] = rest
+    return [s for s in found.values() if s["title"]]
+
+
+def phase_of(title: str) -> str:
+    stage = re.match(r"\[([\w-]+) \d+/\d+\]", title)
+    if title.startswith("exporting"):
+        return "export"
+    if stage:
+        name = stage.group(1)
+        if name != "stage-0":
+            return {"os": "OS packages + venv", "uv": "uv (build tool)", "torch": "torch download+install",
+                    "ops": "DeepSpeed ops wheel", "python": "the rest (+ DeepSpeed)",
+                    "runtime": "image files"}.get(name, name)
+    if "apt-get" in title or "-m venv" in title:
+        return "OS packages + venv"
+    if "torch==" in title:
+        return "torch download+install"
+    if "DS_BUILD" in title:
+        return "the rest + DeepSpeed ops wheel"
+    if "cuda-toolkit" in title or "nvcc" in title:
+        return "nvcc"
+    if title.startswith("[") and ("COPY" in title or "FROM" in title):
+        return "image files"
+    return "setup"
+
+
+def phases(lines: list[str]) -> dict[str, tuple[float, int, int]]:
+    """phase -> (seconds summed over the steps that ran, steps run, steps cached)."""
+    out: dict[str, list] = {}
+    for s in steps(lines):
+        entry = out.setdefault(phase_of(s["title"]), [0.0, 0, 0])
+        if s["cached"]:
+            entry[2] += 1
+        elif s["seconds"] is not None:
+            entry[0] += s["seconds"]
+            entry[1] += 1
+    return {k: (round(v[0], 1), v[1], v[2]) for k, v in out.items()}
+
+
+def build_seconds(lines: list[str]) -> float:
+    """Wall time BuildKit reported for the whole build (the exporting step's end is the last)."""
+    return sum(s["seconds"] or 0 for s in steps(lines) if phase_of(s["title"]) == "export")
 
 
 def size(ref: str) -> int:
@@ -48,38 +137,55 @@ def size(ref: str) -> int:
     return int(out.stdout.strip() or 0)
 
 
-def cold_reset(refs) -> None:
-    subprocess.run([DOCKER, "rmi", "-f", *refs], capture_output=True)
+def cold_reset(tag: str) -> None:
+    subprocess.run([DOCKER, "rmi", "-f", OURS_REF.format(tag=tag), NAIVE_REF.format(tag=tag)], capture_output=True)
     subprocess.run([DOCKER, "builder", "prune", "-af"], capture_output=True)
 
 
-def ours(work: Path, tag: str) -> tuple[float, str]:
-    env = dict(os.environ, BUILDER_REPORTS=str(work / "build/reports"))
-    # No --force: with nothing changed, our build is skipped on its input hash, which is the point.
-    seconds = sh([sys.executable, "-m", "builder", "build", tag, "--local-base"], cwd=work, env=env)
-    return seconds, f"ghcr.io/train-images/train:{tag}"
+def builder_env(work: Path) -> dict:
+    return dict(os.environ, BUILDER_REPORTS=str(work / "build/reports"), PYTHONPATH=str(work))
 
 
-def naive(work: Path, tag: str) -> tuple[float, str]:
+def ours(work: Path, tag: str, tags: list[str] | None = None) -> tuple[float, list[str], str]:
+    # No --force: with nothing changed, the build is skipped on its input hash, which is the point.
+    seconds, lines = run_logged([sys.executable, "-m", "builder", "build", *(tags or [tag]), "--local-base"],
+                                cwd=work, env=builder_env(work))
+    return seconds, lines, OURS_REF.format(tag=tag)
+
+
+def entry_of(work: Path, tag: str):
     sys.path.insert(0, str(work))
-    from builder.model import matrix
+    from builder.model import compat, matrix
 
     e = matrix.load(work / "matrix.yaml").by_tag()[tag]
-    pins = " ".join(f"{n}=={v}" for n, v in e.pins.items() if v and n != "torch")
+    return e, compat.toolchain(e)
+
+
+def naive(work: Path, tag: str) -> tuple[float, list[str], str]:
+    from builder.steps import lock
+
+    e, tc = entry_of(work, tag)
+    if tc["nvcc"]["kind"] != "pypi":
+        sys.exit(f"the naive baseline gets nvcc from PyPI; {tag} takes it from {tc['nvcc']['kind']}")
+    pins = " ".join(f"{n}=={v}" for n, v in e.pins.items() if v and n not in ("torch", "flash-attn"))
+    nvcc_lock = (work / "dockerfiles" / tag / lock.NVCC_LOCK).read_text()
+    nvcc_pins = " ".join(re.findall(r"^([A-Za-z0-9_.\[\],-]+==[^ \\\n]+)", nvcc_lock, re.M))
     ctx = work / "naive"
     ctx.mkdir(exist_ok=True)
     shutil.copytree(work / "smoke", ctx / "smoke", dirs_exist_ok=True)
-    (ctx / "Dockerfile").write_text(NAIVE.format(base=e.base_name, py=e.python, pins=pins, torch=e.torch))
-    ref = f"bench/naive:{tag}"
-    argv = [DOCKER, "build", "--network=host", "-t", ref]
+    (ctx / "Dockerfile").write_text(NAIVE.format(
+        base=e.base_name, py=e.python, pins=pins, torch=e.torch, nvcc_pins=nvcc_pins, cuda_home=tc["cuda_home"],
+        arch_list=tc["arch_list"], os_packages=" ".join(lock.os_packages(e))))
+    ref = NAIVE_REF.format(tag=tag)
+    argv = [DOCKER, "build", "--progress=plain", "--network=host", "-t", ref]
     ca = os.environ.get("PIP_CERT") or os.environ.get("SSL_CERT_FILE")
     if ca:
         argv += ["--secret", f"id=pip_cert,src={ca}"]
-    return sh(argv + [str(ctx)], env=dict(os.environ, DOCKER_BUILDKIT="1")), ref
+    seconds, lines = run_logged(argv + [str(ctx)], env=dict(os.environ, DOCKER_BUILDKIT="1"))
+    return seconds, lines, ref
 
 
-def change_pin(work: Path, tag: str, pin: str) -> None:
-    name, version = pin.split("=", 1)
+def set_pin(work: Path, tag: str, name: str, version: str) -> None:
     text = (work / "matrix.yaml").read_text()
     start = text.index(f"- tag: {tag}\n")
     end = text.find("\n  - tag:", start + 1)
@@ -88,36 +194,84 @@ def change_pin(work: Path, tag: str, pin: str) -> None:
     line = next(ln for ln in block.splitlines() if ln.strip().startswith(f"{name}:"))
     text = text[:start] + block.replace(line, line.split(":")[0] + f": {version}") + text[end:]
     (work / "matrix.yaml").write_text(text)
-    sh([sys.executable, "-m", "builder", "lock", tag, "--local-base"], cwd=work)
-    sh([sys.executable, "-m", "builder", "render", tag], cwd=work)
+    run_logged([sys.executable, "-m", "builder", "lock", tag, "--local-base"], cwd=work, env=builder_env(work))
+    run_logged([sys.executable, "-m", "builder", "render", tag], cwd=work, env=builder_env(work))
+
+
+def show(side: str, phase: str, seconds: float, lines: list[str], ref: str, results: dict) -> None:
+    post = max(0.0, seconds - build_seconds(lines)) if side == "ours" else 0.0
+    results[side][phase] = {"seconds": seconds, "size": size(ref), "phases": phases(lines), "steps": steps(lines)}
+    mark = f"{seconds:7.1f} s  {size(ref) / 1e9:5.2f} GB"
+    print(f"\n{side:5} {phase:18} {mark}", flush=True)
+    for name, (secs, ran, cached) in sorted(phases(lines).items(), key=lambda kv: -kv[1][0]):
+        print(f"        {name:32} {secs:7.1f} s   {ran} step(s) run, {cached} cached", flush=True)
+    if side == "ours" and phase != "unchanged matrix":
+        print(f"        {'(builder: verify + report)':32} {post:7.1f} s   (wall time minus BuildKit's steps; approx.)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tag", default="cu130-torch2.13-bookworm")
-    parser.add_argument("--pin", default="peft=0.21.1", help="NAME=VERSION to change for the third build")
+    parser.add_argument("--pin", default="peft=0.21.1", help="NAME=VERSION to change for the 'one pin' builds")
+    parser.add_argument("--torch", default="2.12.0", help="torch version for the 'torch changed' build (ours)")
+    parser.add_argument("--skip-naive", action="store_true", help="only ours (no ratios)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-build-"))
     shutil.copytree(ROOT, work, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".venv", "build", ".git"))
-    results: dict[str, dict[str, tuple[float, int]]] = {"ours": {}, "naive": {}}
-    for name, fn in (("ours", ours), ("naive", naive)):
-        refs = ["ghcr.io/train-images/train:" + args.tag, "bench/naive:" + args.tag]
-        cold_reset(refs)
-        if name == "naive":  # the same starting matrix for both
-            shutil.copy(ROOT / "matrix.yaml", work / "matrix.yaml")
-            shutil.copytree(ROOT / "dockerfiles", work / "dockerfiles", dirs_exist_ok=True)
+    pristine = (work / "matrix.yaml").read_text()
+    results: dict[str, dict] = {"ours": {}, "naive": {}}
+    started = time.monotonic()
+
+    cold_reset(args.tag)
+    for phase in ("cold", "warm", "one pin changed"):
+        if phase == "one pin changed":
+            set_pin(work, args.tag, *args.pin.split("=", 1))
+        show("ours", phase, *ours(work, args.tag), results)
+    seconds, lines, ref = ours(work, args.tag)
+    show("ours", "unchanged matrix", seconds, lines, ref, results)
+    set_pin(work, args.tag, "torch", args.torch)
+    show("ours", "torch changed", *ours(work, args.tag), results)
+    torch_steps = results["ours"]["torch changed"]["steps"]
+    reused = [s["title"].split("]")[0] + "]" for s in torch_steps if s["cached"] and s["title"].startswith("[")]
+    rebuilt = [s["title"].split("]")[0] + "]" for s in torch_steps if not s["cached"] and s["title"].startswith("[")
+               and s["seconds"] is not None]
+    print(f"        reused: {' '.join(reused)}\n        rebuilt: {' '.join(rebuilt)}")
+
+    if not args.skip_naive:
+        (work / "matrix.yaml").write_text(pristine)
+        shutil.rmtree(work / "dockerfiles")
+        shutil.copytree(ROOT / "dockerfiles", work / "dockerfiles")
+        cold_reset(args.tag)
         for phase in ("cold", "warm", "one pin changed"):
             if phase == "one pin changed":
-                change_pin(work, args.tag, args.pin)
-            seconds, ref = fn(work, args.tag)
-            results[name][phase] = (seconds, size(ref))
-            print(f"{name:5} {phase:16} {seconds:7.1f}s  {size(ref) / 1e9:5.2f} GB", flush=True)
-    print(f"\nmachine: {platform.node()} {os.cpu_count()} cores, {platform.platform()}; tag {args.tag}; pin {args.pin}")
-    print("| phase | ours (s) | naive (s) | ours/naive time | ours GB | naive GB |")
-    print("|---|---|---|---|---|---|")
-    for phase in ("cold", "warm", "one pin changed"):
-        (ot, osz), (nt, nsz) = results["ours"][phase], results["naive"][phase]
-        print(f"| {phase} | {ot:.1f} | {nt:.1f} | {ot / nt:.2f} | {osz / 1e9:.2f} | {nsz / 1e9:.2f} |")
+                set_pin(work, args.tag, *args.pin.split("=", 1))
+            show("naive", phase, *naive(work, args.tag), results)
+
+    o, n = results["ours"], results["naive"]
+    print(f"\nmachine: {platform.node()} {os.cpu_count()} cores, {platform.platform()}; tag {args.tag}; "
+          f"pin {args.pin}; torch -> {args.torch}; whole run {(time.monotonic() - started) / 60:.1f} min")
+    print("\n| measure | ours | naive | figure | target | met |\n|---|---|---|---|---|---|")
+
+    def row(measure, ours_s, naive_s, figure, target, met):
+        print(f"| {measure} | {ours_s} | {naive_s} | {figure} | {target} | {'yes' if met else 'NO'} |")
+
+    cold_ratio = o["cold"]["seconds"] / n["cold"]["seconds"] if n else None
+    if n:
+        row("cold build", f"{o['cold']['seconds']:.1f} s", f"{n['cold']['seconds']:.1f} s",
+            f"{cold_ratio:.2f} × naive", "≤ 0.8 × naive", cold_ratio <= 0.8)
+    pin = o["one pin changed"]["seconds"] / o["cold"]["seconds"]
+    row(f"one pin changed ({args.pin})", f"{o['one pin changed']['seconds']:.1f} s",
+        f"{n['one pin changed']['seconds']:.1f} s" if n else "—", f"{pin:.3f} × our cold", "≤ 0.10 × our cold",
+        pin <= 0.10)
+    os_reused = all(s["cached"] for s in torch_steps if s["title"].startswith("[os "))
+    row(f"torch changed (→ {args.torch})", f"{o['torch changed']['seconds']:.1f} s", "—",
+        "OS stage reused" if os_reused else "OS stage REBUILT", "only torch and above rebuild", os_reused)
+    if n:
+        row("image size", f"{o['cold']['size'] / 1e9:.2f} GB", f"{n['cold']['size'] / 1e9:.2f} GB",
+            f"{o['cold']['size'] / n['cold']['size']:.3f} × naive", "≤ naive", o["cold"]["size"] <= n["cold"]["size"])
+        row("warm, nothing changed", f"{o['warm']['seconds']:.1f} s", f"{n['warm']['seconds']:.1f} s", "", "", True)
+    row("unchanged matrix (every tag built here)", f"{o['unchanged matrix']['seconds']:.1f} s", "—", "",
+        "≤ 2 s", o["unchanged matrix"]["seconds"] <= 2)
     shutil.rmtree(work, ignore_errors=True)
 
 

@@ -42,7 +42,7 @@ class BuildSpec:
     base_ref: str
     base_substituted: bool
     base_id: str | None = None  # the local image ID behind base_ref, when the engine has it
-    build_args: Mapping[str, str] = field(default_factory=dict)  # besides BASE_IMAGE and SOURCE_DATE_EPOCH
+    build_args: Mapping[str, str] = field(default_factory=dict)  # besides BASE_IMAGE
     epoch: int = ZIP_EPOCH
     no_cache: bool = False
     cache_ref: str | None = None  # a registry build cache (buildx only); it changes speed, never the bytes
@@ -103,7 +103,9 @@ def input_hash(spec: BuildSpec) -> str:
 
 
 def build_args(spec: BuildSpec) -> dict[str, str]:
-    return {"BASE_IMAGE": spec.base_ref, "SOURCE_DATE_EPOCH": str(spec.epoch), **spec.build_args}
+    # No SOURCE_DATE_EPOCH: the Dockerfile fixes it for every step, so that a commit does not invalidate the
+    # install layers; spec.epoch (the inputs' last commit) dates the image in its labels only.
+    return {"BASE_IMAGE": spec.base_ref, **spec.build_args}
 
 
 def source_date_epoch(entry: Entry) -> int:

@@ -1,4 +1,4 @@
-"""Render each entry into dockerfiles/<tag>/ (step 4): Dockerfile and image.json (the facts file).
+"""Render each entry into dockerfiles/<tag>/ (step 4): Dockerfile, image.json (the facts file), build-tools.lock.
 
 Everything is rendered in memory first. The whole new tree is then staged beside dockerfiles/ (the old
 tree's other files, such as the locks written by `lock`, copied in) and swapped in by one atomic
@@ -18,6 +18,7 @@ import shutil
 import signal
 import threading
 from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
 
 import jinja2
@@ -29,6 +30,7 @@ from builder.model.matrix import TAG_RE, Entry, Matrix, select
 
 OUT_DIR = paths.DOCKERFILES
 FACTS_SCHEMA = 1
+BUILD_TOOLS_LOCK = "build-tools.lock"
 # The temp names fsutil.write_atomic makes (mkstemp(prefix=".NAME.")) for the files of a tag directory.
 TEMP_RE = re.compile(r"\.(?:Dockerfile|image\.json|[A-Za-z0-9_.-]+\.lock)\.[a-z0-9_]{8}")
 
@@ -84,9 +86,15 @@ def render_entry(entry: Entry) -> dict[str, str]:
     dockerfile = template.render(
         tag=entry.tag, base=entry.base, base_source=entry.base_source, python=entry.python, cuda=entry.cuda,
         pins=entry.pins, min_driver=data["min_driver"], index_url=entry.index_url, os_id=os_id(entry),
-        tc=compat.toolchain(entry),
+        tc=compat.toolchain(entry), sp=f"/opt/venv/lib/python{entry.python}/site-packages",
     )
-    return {"Dockerfile": dockerfile, "image.json": json.dumps(data, indent=2, sort_keys=True) + "\n"}
+    return {"Dockerfile": dockerfile, "image.json": json.dumps(data, indent=2, sort_keys=True) + "\n",
+            BUILD_TOOLS_LOCK: build_tools_lock()}
+
+
+def build_tools_lock() -> str:
+    """uv, hash-locked, for the Dockerfile's throwaway `uv` stage (package data; `make build-tools-lock`)."""
+    return (files("builder") / "data" / BUILD_TOOLS_LOCK).read_text(encoding="utf-8")
 
 
 def render_all(entries: list[Entry]) -> dict[str, dict[str, str]]:

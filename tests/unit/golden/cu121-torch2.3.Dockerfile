@@ -45,16 +45,35 @@ ENV VIRTUAL_ENV=/opt/venv \
     PIP_NO_INPUT=1 \
     PIP_PROGRESS_BAR=off \
     PIP_ROOT_USER_ACTION=ignore
-# pip in the venv is the Debian/Ubuntu-bundled wheel (python3-pip-whl, pinned in apt.lock). ensurepip's
-# bytecode is hash-checked (no install-time mtime inside) only when SOURCE_DATE_EPOCH is set.
-ARG SOURCE_DATE_EPOCH=0
+# A fixed SOURCE_DATE_EPOCH (1980-01-01, the zip epoch) for every build step, not the commit date: a commit
+# then invalidates no install layer (the torch layer and the ops stage are reused across commits), and what
+# the steps write (bytecode is hash-checked; the DeepSpeed wheel's zip dates) is the same in every build.
+# The commit date goes into the image's labels (org.opencontainers.image.created) instead.
+# pip in the venv is the Debian/Ubuntu-bundled wheel (python3-pip-whl, pinned in apt.lock).
+ARG SOURCE_DATE_EPOCH=315532800
 RUN PYTHONHASHSEED=0 python3.10 -m venv /opt/venv
 
+# uv (build-tools.lock), for the install steps below; the image never contains it.
+FROM os AS uv
+COPY build-tools.lock /opt/uv/build-tools.lock
+RUN --mount=type=secret,id=pip_cert,required=false \
+    --mount=type=secret,id=pip_index_url,required=false \
+    --mount=type=secret,id=pip_extra_index_url,required=false \
+    export PYTHONHASHSEED=0; \
+    if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
+    if [ -s /run/secrets/pip_index_url ]; then PIP_INDEX_URL="$(cat /run/secrets/pip_index_url)"; export PIP_INDEX_URL; fi; \
+    if [ -s /run/secrets/pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /run/secrets/pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \
+    export PIP_INDEX_URL="${PIP_INDEX_URL:-https://pypi.org/simple}"; \
+    pip install -q --no-cache-dir --require-hashes --no-deps --no-compile --target /opt/uv -r /opt/uv/build-tools.lock \
+    && /opt/uv/bin/uv --version
+
 FROM os AS torch
-ARG SOURCE_DATE_EPOCH=0
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ARG SOURCE_DATE_EPOCH=315532800
 # torch and what it needs, alone in one layer: tags sharing a base and torch share this layer.
 COPY torch.lock /opt/train-image/locks/torch.lock
-RUN --mount=type=cache,id=wheels-py3.10,target=/var/cache/wheels,sharing=locked \
+RUN --mount=type=cache,id=uv-cache,target=/var/cache/uv,sharing=shared \
+    --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/usr/local/bin/uv \
     --mount=type=secret,id=pip_cert,required=false \
     --mount=type=secret,id=pip_index_url,required=false \
     --mount=type=secret,id=pip_extra_index_url,required=false \
@@ -63,18 +82,27 @@ RUN --mount=type=cache,id=wheels-py3.10,target=/var/cache/wheels,sharing=locked 
     if [ -s /run/secrets/pip_index_url ]; then PIP_INDEX_URL="$(cat /run/secrets/pip_index_url)"; export PIP_INDEX_URL; fi; \
     if [ -s /run/secrets/pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /run/secrets/pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \
     export PIP_INDEX_URL="${PIP_INDEX_URL:-https://pypi.org/simple}"; \
-    pip download -q --no-cache-dir --require-hashes --no-deps -d /var/cache/wheels -r /opt/train-image/locks/torch.lock \
-    && pip install --no-cache-dir --require-hashes --no-deps --no-index --find-links /var/cache/wheels -r /opt/train-image/locks/torch.lock
+    export UV_INDEX_URL="$PIP_INDEX_URL" UV_CACHE_DIR=/var/cache/uv UV_LINK_MODE=copy \
+      UV_NO_PROGRESS=1 UV_PYTHON_DOWNLOADS=never; \
+    if [ -n "${PIP_EXTRA_INDEX_URL:-}" ]; then export UV_EXTRA_INDEX_URL="$PIP_EXTRA_INDEX_URL"; fi; \
+    if [ -n "${PIP_CERT:-}" ]; then export SSL_CERT_FILE="$PIP_CERT"; fi; \
+    ls -A /opt/venv/lib/python3.10/site-packages > /tmp/site.before; \
+    uv pip install --require-hashes --no-deps -r /opt/train-image/locks/torch.lock \
+    && ls -A /opt/venv/lib/python3.10/site-packages > /tmp/site.after \
+    && { comm -13 /tmp/site.before /tmp/site.after | grep -v '\.dist-info$' | sed 's#^#/opt/venv/lib/python3.10/site-packages/#' \
+         | xargs -r -d '\n' python -m compileall -q -j 0 --invalidation-mode checked-hash || true; } \
+    && rm /tmp/site.before /tmp/site.after
 
 # nvcc for the ops stage: NVIDIA's devel image of the same CUDA and OS (compat.yaml toolchain.nvcc).
 FROM nvidia/cuda:12.1.1-devel-ubuntu22.04 AS nvcc
 
 # DeepSpeed 0.15.1 with ops compiled ahead of time (fused_adam, cpu_adam), as a wheel: only the wheel
 # and ops.json (what was built) leave this stage. Its inputs are the base, torch.lock, the toolchain and ops.lock,
-# so entries with the same base, torch, CUDA and DeepSpeed share it.
+# so entries with the same base, torch, CUDA and DeepSpeed share it, and a change of any other pin (or a commit)
+# reuses it. It runs beside the python stage.
 FROM torch AS ops
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-ARG SOURCE_DATE_EPOCH=0
+ARG SOURCE_DATE_EPOCH=315532800
 COPY --from=nvcc /usr/local/cuda /usr/local/cuda
 COPY ops.lock deepspeed.lock /opt/ops/
 COPY smoke/ops.py /opt/ops/ops.py
@@ -84,14 +112,18 @@ COPY smoke/ops.py /opt/ops/ops.py
 # every call, and the stage fails unless the CPU ops went through it.
 # It also drops -g (debug info the linker strips anyway: LDFLAGS=-s; it only slows the compile). The sdist is built from a fixed
 # directory, not pip's random temporary one: paths that reach the objects (__FILE__) are the same every build.
+# NVCC_APPEND_FLAGS: nvcc compiles the GPU archs of a .cu file in parallel (FusedAdam's builder does not ask for
+# it); the objects are the same, only the wall time differs.
 ENV DS_ACCELERATOR=cuda \
     TORCH_CUDA_ARCH_LIST="7.0;8.0;9.0+PTX" \
     CUDA_HOME=/usr/local/cuda \
     CC=/opt/ops/bin/cc \
     CXX=/opt/ops/bin/cc \
     LDFLAGS=-s \
-    MAX_JOBS=2
-RUN --mount=type=cache,id=wheels-py3.10,target=/var/cache/wheels,sharing=locked \
+    MAX_JOBS=2 \
+    NVCC_APPEND_FLAGS="--threads 0"
+RUN --mount=type=cache,id=uv-cache,target=/var/cache/uv,sharing=shared \
+    --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/usr/local/bin/uv \
     --mount=type=secret,id=pip_cert,required=false \
     --mount=type=secret,id=pip_index_url,required=false \
     --mount=type=secret,id=pip_extra_index_url,required=false \
@@ -100,14 +132,17 @@ RUN --mount=type=cache,id=wheels-py3.10,target=/var/cache/wheels,sharing=locked 
     if [ -s /run/secrets/pip_index_url ]; then PIP_INDEX_URL="$(cat /run/secrets/pip_index_url)"; export PIP_INDEX_URL; fi; \
     if [ -s /run/secrets/pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /run/secrets/pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \
     export PIP_INDEX_URL="${PIP_INDEX_URL:-https://pypi.org/simple}"; \
-    mkdir -p /opt/ops/bin /opt/ops/wheel \
+    export UV_INDEX_URL="$PIP_INDEX_URL" UV_CACHE_DIR=/var/cache/uv UV_LINK_MODE=copy \
+      UV_NO_PROGRESS=1 UV_PYTHON_DOWNLOADS=never; \
+    if [ -n "${PIP_EXTRA_INDEX_URL:-}" ]; then export UV_EXTRA_INDEX_URL="$PIP_EXTRA_INDEX_URL"; fi; \
+    if [ -n "${PIP_CERT:-}" ]; then export SSL_CERT_FILE="$PIP_CERT"; fi; \
+    mkdir -p /opt/ops/bin /opt/ops/wheel /opt/ops/sdist \
     && printf '%s\n' '#!/bin/sh' 'for a do shift; case "$a" in -march=native) a=-march=x86-64-v3;; -D__AVX512__|-D__AVX256__|-D__SCALAR__) a=-D__AVX256__;; -g) continue;; esac; set -- "$@" "$a"; done' 'echo "$*" >> /opt/ops/cc.log' 'exec g++ "$@"' > /opt/ops/bin/cc \
     && chmod 0755 /opt/ops/bin/cc \
-    && pip download -q --no-cache-dir --require-hashes --no-deps -d /var/cache/wheels -r /opt/ops/ops.lock \
-    && pip install -q --no-cache-dir --require-hashes --no-deps --no-index --find-links /var/cache/wheels -r /opt/ops/ops.lock \
-    && pip download -q --no-cache-dir --require-hashes --no-deps --no-build-isolation -d /var/cache/wheels -r /opt/ops/deepspeed.lock \
+    && uv pip install --require-hashes --no-deps -r /opt/ops/ops.lock \
+    && pip download -q --no-cache-dir --require-hashes --no-deps --no-build-isolation -d /opt/ops/sdist -r /opt/ops/deepspeed.lock \
     && /usr/local/cuda/bin/nvcc --version | tail -2 \
-    && mkdir -p /opt/ops/src && tar -xzf /var/cache/wheels/deepspeed-0.15.1.tar.gz -C /opt/ops/src \
+    && mkdir -p /opt/ops/src && tar -xzf /opt/ops/sdist/deepspeed-0.15.1.tar.gz -C /opt/ops/src \
     && if ! DS_BUILD_FUSED_ADAM=1 DS_BUILD_CPU_ADAM=1 DS_BUILD_OPS=0 pip wheel -v --no-cache-dir --no-deps \
          --no-build-isolation --no-index -w /opt/ops/wheel /opt/ops/src/deepspeed-0.15.1 > /tmp/ds-build.log 2>&1; \
        then tail -60 /tmp/ds-build.log; exit 1; fi \
@@ -122,13 +157,12 @@ RUN pip install -q --no-cache-dir --no-deps --no-index /opt/ops/wheel/deepspeed-
          --nvcc-bytes "$(du -sb /usr/local/cuda | cut -f1)" --out /opt/ops/wheel/ops.json > /dev/null
 
 FROM torch AS python
-ARG SOURCE_DATE_EPOCH=0
-# Everything else, hash-checked; DeepSpeed is the wheel the ops stage built from the hash-checked sdist in ops.lock.
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ARG SOURCE_DATE_EPOCH=315532800
+# Everything else, hash-checked, in its own layer; it does not wait for the ops stage, which runs beside it.
 COPY requirements.lock /opt/train-image/locks/requirements.lock
-COPY deepspeed.lock /opt/train-image/locks/deepspeed.lock
-COPY flash-attn.lock /opt/train-image/locks/flash-attn.lock
-COPY --from=ops /opt/ops/wheel/ /opt/train-image/ops/
-RUN --mount=type=cache,id=wheels-py3.10,target=/var/cache/wheels,sharing=locked \
+RUN --mount=type=cache,id=uv-cache,target=/var/cache/uv,sharing=shared \
+    --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/usr/local/bin/uv \
     --mount=type=secret,id=pip_cert,required=false \
     --mount=type=secret,id=pip_index_url,required=false \
     --mount=type=secret,id=pip_extra_index_url,required=false \
@@ -137,11 +171,41 @@ RUN --mount=type=cache,id=wheels-py3.10,target=/var/cache/wheels,sharing=locked 
     if [ -s /run/secrets/pip_index_url ]; then PIP_INDEX_URL="$(cat /run/secrets/pip_index_url)"; export PIP_INDEX_URL; fi; \
     if [ -s /run/secrets/pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /run/secrets/pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \
     export PIP_INDEX_URL="${PIP_INDEX_URL:-https://pypi.org/simple}"; \
-    pip download -q --no-cache-dir --require-hashes --no-deps -d /var/cache/wheels -r /opt/train-image/locks/requirements.lock \
-    && pip install --no-cache-dir --require-hashes --no-deps --no-index --find-links /var/cache/wheels \
-         -r /opt/train-image/locks/requirements.lock \
-    && pip install --no-cache-dir --no-deps --no-index /opt/train-image/ops/deepspeed-*.whl \
+    export UV_INDEX_URL="$PIP_INDEX_URL" UV_CACHE_DIR=/var/cache/uv UV_LINK_MODE=copy \
+      UV_NO_PROGRESS=1 UV_PYTHON_DOWNLOADS=never; \
+    if [ -n "${PIP_EXTRA_INDEX_URL:-}" ]; then export UV_EXTRA_INDEX_URL="$PIP_EXTRA_INDEX_URL"; fi; \
+    if [ -n "${PIP_CERT:-}" ]; then export SSL_CERT_FILE="$PIP_CERT"; fi; \
+    ls -A /opt/venv/lib/python3.10/site-packages > /tmp/site.before; \
+    uv pip install --require-hashes --no-deps -r /opt/train-image/locks/requirements.lock \
+    && ls -A /opt/venv/lib/python3.10/site-packages > /tmp/site.after \
+    && { comm -13 /tmp/site.before /tmp/site.after | grep -v '\.dist-info$' | sed 's#^#/opt/venv/lib/python3.10/site-packages/#' \
+         | xargs -r -d '\n' python -m compileall -q -j 0 --invalidation-mode checked-hash || true; } \
+    && rm /tmp/site.before /tmp/site.after
+# DeepSpeed: the wheel the ops stage built from the hash-checked sdist in deepspeed.lock.
+COPY deepspeed.lock /opt/train-image/locks/deepspeed.lock
+COPY flash-attn.lock /opt/train-image/locks/flash-attn.lock
+COPY --from=ops /opt/ops/wheel/ /opt/train-image/ops/
+RUN --mount=type=cache,id=uv-cache,target=/var/cache/uv,sharing=shared \
+    --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/usr/local/bin/uv \
+    --mount=type=secret,id=pip_cert,required=false \
+    --mount=type=secret,id=pip_index_url,required=false \
+    --mount=type=secret,id=pip_extra_index_url,required=false \
+    export PYTHONHASHSEED=0; \
+    if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
+    if [ -s /run/secrets/pip_index_url ]; then PIP_INDEX_URL="$(cat /run/secrets/pip_index_url)"; export PIP_INDEX_URL; fi; \
+    if [ -s /run/secrets/pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /run/secrets/pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \
+    export PIP_INDEX_URL="${PIP_INDEX_URL:-https://pypi.org/simple}"; \
+    export UV_INDEX_URL="$PIP_INDEX_URL" UV_CACHE_DIR=/var/cache/uv UV_LINK_MODE=copy \
+      UV_NO_PROGRESS=1 UV_PYTHON_DOWNLOADS=never; \
+    if [ -n "${PIP_EXTRA_INDEX_URL:-}" ]; then export UV_EXTRA_INDEX_URL="$PIP_EXTRA_INDEX_URL"; fi; \
+    if [ -n "${PIP_CERT:-}" ]; then export SSL_CERT_FILE="$PIP_CERT"; fi; \
+    ls -A /opt/venv/lib/python3.10/site-packages > /tmp/site.before; \
+    uv pip install --no-deps --no-index /opt/train-image/ops/deepspeed-*.whl \
     && rm /opt/train-image/ops/deepspeed-*.whl \
+    && ls -A /opt/venv/lib/python3.10/site-packages > /tmp/site.after \
+    && { comm -13 /tmp/site.before /tmp/site.after | grep -v '\.dist-info$' | sed 's#^#/opt/venv/lib/python3.10/site-packages/#' \
+         | xargs -r -d '\n' python -m compileall -q -j 0 --invalidation-mode checked-hash || true; } \
+    && rm /tmp/site.before /tmp/site.after \
     && pip install --no-cache-dir --require-hashes --no-deps -r /opt/train-image/locks/flash-attn.lock \
     && pip check
 # nvcc in the image too (matrix `nvcc: true`), so other CUDA extensions can JIT-build.
