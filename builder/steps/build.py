@@ -113,7 +113,7 @@ def run(entry: Entry, options: Options) -> Done:
         "duration_s": round(time.monotonic() - started, 1), "input_hash": digest, "command": shown,
         "builder_version": builder.__version__, "base": base,
         "versions": found.get("versions"), "torch_cuda": found.get("torch_cuda"),
-        "verification": mismatches or "ok", "source_date_epoch": buildkit.ZIP_EPOCH,  # what every step used (Dockerfile)
+        "verification": mismatches or "ok", "source_date_epoch": buildkit.ZIP_EPOCH,  # what the steps used
         "docker": {"binary": engine.client().binary, "mode": engine.client().mode},
     }
     reports.write(entry.tag, NAME, report)

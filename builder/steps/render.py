@@ -18,7 +18,7 @@ import shutil
 import signal
 import threading
 from dataclasses import dataclass
-from importlib.resources import files
+from importlib import resources
 from pathlib import Path
 
 import jinja2
@@ -94,7 +94,7 @@ def render_entry(entry: Entry) -> dict[str, str]:
 
 def build_tools_lock() -> str:
     """uv, hash-locked, for the Dockerfile's throwaway `uv` stage (package data; `make build-tools-lock`)."""
-    return (files("builder") / "data" / BUILD_TOOLS_LOCK).read_text(encoding="utf-8")
+    return (resources.files("builder") / "data" / BUILD_TOOLS_LOCK).read_text(encoding="utf-8")
 
 
 def render_all(entries: list[Entry]) -> dict[str, dict[str, str]]:
