@@ -1,0 +1,63 @@
+"""What makes builds fast and cheap to change, checked on every rendered Dockerfile (issue 15).
+
+Each of these was a measured cost: a build step that waits on another, a cache that serialises stages, a
+commit that invalidates the torch layer, a build tool left in the image.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from builder.boundary import buildkit
+from builder.model import matrix
+from builder.steps import render
+from tests.conftest import ROOT
+
+ENTRIES = list(matrix.load(ROOT / "matrix.yaml").entries)
+
+
+def stages(dockerfile: str) -> dict[str, str]:
+    """Stage name -> its instructions (the text between its FROM and the next)."""
+    parts = re.split(r"^FROM \S+ AS (\S+)\n", dockerfile, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+@pytest.fixture(params=ENTRIES, ids=lambda e: e.tag)
+def dockerfile(request) -> str:
+    return render.render_entry(request.param)["Dockerfile"]
+
+
+def test_the_python_stage_installs_its_packages_before_it_needs_the_ops_wheel(dockerfile):
+    # The ops stage compiles for minutes; requirements.lock must not wait for it (the stages run side by side).
+    python = stages(dockerfile)["python"]
+    assert python.index("-r /opt/train-image/locks/requirements.lock") < python.index("COPY --from=ops")
+
+
+def test_no_install_step_holds_a_cache_lock_that_would_serialise_the_stages(dockerfile):
+    for name in ("torch", "ops", "python"):
+        for mount in re.findall(r"--mount=type=cache,[^ ]+", stages(dockerfile)[name]):
+            if "apt-" not in mount:  # apt's lists and archives need the lock, and only the OS steps use them
+                assert "sharing=locked" not in mount, f"{name}: {mount}"
+
+
+def test_uv_is_bind_mounted_and_never_copied_into_the_image(dockerfile):
+    assert "COPY --from=uv" not in dockerfile
+    assert "--mount=type=bind,from=uv,source=/opt/uv/bin/uv" in stages(dockerfile)["torch"]
+    assert re.search(r"uv pip install --require-hashes --no-deps -r /opt/train-image/locks/torch\.lock", dockerfile)
+
+
+def test_every_step_uses_the_fixed_source_date_epoch(dockerfile):
+    values = re.findall(r"^ARG SOURCE_DATE_EPOCH=(\d+)$", dockerfile, flags=re.M)
+    assert values and set(values) == {str(buildkit.ZIP_EPOCH)}
+
+
+def test_bytecode_is_compiled_for_new_files_only_and_hash_checked(dockerfile):
+    assert "--compile-bytecode" not in dockerfile  # uv would recompile (and copy up) torch's files in every layer
+    assert dockerfile.count("python -m compileall -q -j 0 --invalidation-mode checked-hash") >= 3
+
+
+def test_build_tools_lock_is_rendered_with_hashes():
+    text = render.build_tools_lock()
+    assert re.search(r"^uv==\d+\.\d+\.\d+ \\$", text, flags=re.M) and "--hash=sha256:" in text
