@@ -203,3 +203,13 @@ def test_every_recorded_hash_has_at_least_two_sources():
     for url, record in lock.recorded_wheels().items():
         assert len(record["sha256"]) == 64 and int(record["sha256"], 16) >= 0, url
         assert len(record["sources"]) >= 2, url
+
+
+def test_a_flash_attn_exception_only_where_the_wheel_has_no_sourced_hash():
+    """Every matrix entry with flash-attn either locks a recorded (>= 2 sources) wheel or declares why not."""
+    recorded = lock.recorded_wheels()
+    for entry in matrix.load(ROOT / "matrix.yaml").entries:
+        if not entry.pins.get("flash-attn"):
+            continue
+        url = compat.derive(entry)["flash_attn_wheel"]
+        assert (url in recorded) != (lock.FLASH_LOCK in entry.lock_exceptions), (entry.tag, url)
