@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from builder.errors import StepFailed, UserError
-from builder.model import matrix
+from builder.model import compat, matrix
 from builder.steps import lock
 from tests.conftest import ROOT, run_cli
 
@@ -115,7 +115,9 @@ def test_a_base_changed_in_the_matrix_makes_apt_lock_stale(repo, capsys):
 
 def test_a_flash_attn_version_change_makes_its_lock_stale(repo, capsys):
     text = (repo / "matrix.yaml").read_text()
-    (repo / "matrix.yaml").write_text(text.replace("flash-attn: 2.8.3", "flash-attn: 2.8.3.post1"))
+    tail = text[text.index(f"- tag: {FA_TAG}"):]
+    (repo / "matrix.yaml").write_text(text.replace(tail, tail.replace("flash-attn: 2.8.3\n",
+                                                                      "flash-attn: 2.8.3.post1\n", 1)))
     code, err = check(capsys, FA_TAG)
     assert code == 1
     assert f"dockerfiles/{FA_TAG}/flash-attn.lock is stale: it does not pin https://github.com/Dao-AILab/" \
@@ -201,3 +203,13 @@ def test_every_recorded_hash_has_at_least_two_sources():
     for url, record in lock.recorded_wheels().items():
         assert len(record["sha256"]) == 64 and int(record["sha256"], 16) >= 0, url
         assert len(record["sources"]) >= 2, url
+
+
+def test_a_flash_attn_exception_only_where_the_wheel_has_no_sourced_hash():
+    """Every matrix entry with flash-attn either locks a recorded (>= 2 sources) wheel or declares why not."""
+    recorded = lock.recorded_wheels()
+    for entry in matrix.load(ROOT / "matrix.yaml").entries:
+        if not entry.pins.get("flash-attn"):
+            continue
+        url = compat.derive(entry)["flash_attn_wheel"]
+        assert (url in recorded) != (lock.FLASH_LOCK in entry.lock_exceptions), (entry.tag, url)
