@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from builder import log, runner
+from builder import fsutil, log, runner
 from builder.errors import BuilderError, UserError
 from builder.model import compat, matrix, plan, proof
 from builder.steps import STEPS, TOOLS
@@ -178,6 +178,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         _print_error(exc)
         return exc.exit_code
+    except OSError as exc:
+        if args.verbose or exc.errno not in fsutil.FULL:
+            raise
+        problem = fsutil.write_failed(exc.filename, exc)
+        _print_error(problem)
+        return problem.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return runner.INTERRUPTED

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -16,6 +17,18 @@ from pathlib import Path
 from builder.errors import EnvironmentProblem
 
 LOCK_DIR = Path("build/locks")
+FULL = (errno.ENOSPC, errno.EDQUOT)  # the file system is full (or the user's quota is)
+
+
+def write_failed(path, exc: OSError) -> EnvironmentProblem:
+    """The one-line error for a file that could not be written: what happened to which path, what to do.
+    (The writers here write a temp file and rename it, so nothing half-written is left behind.)"""
+    where = str(path or getattr(exc, "filename", None) or "a file")
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    if exc.errno in FULL:
+        return EnvironmentProblem(f"the disk is full: cannot write {where} ({reason})",
+                                  f"free space on that file system (`df -h {Path(where).parent}`), then re-run")
+    return EnvironmentProblem(f"cannot write {where} ({reason})", "make it writable, or run from a writable checkout")
 
 
 def write_atomic(path: Path, text: str) -> None:

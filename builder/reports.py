@@ -54,7 +54,10 @@ def write(tag: str, step: str, data: dict) -> Path:
     if found:
         raise StepFailed(f"internal error: the {step} report for {tag} breaks its schema: {'; '.join(found[:5])}",
                          "this is a bug in the builder: please report it")
-    fsutil.write_json(target, report)
+    try:
+        fsutil.write_json(target, report)  # whole or not at all: a temp file renamed over the old report
+    except OSError as exc:
+        raise fsutil.write_failed(target, exc) from None
     return target
 
 

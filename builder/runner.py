@@ -46,7 +46,11 @@ def run(step: str, entries: Sequence[Entry], fn: Callable[[Entry], Done]) -> lis
             outcomes.append(Outcome(entry.tag, "interrupted", time.monotonic() - started))
             outcomes += [Outcome(e.tag, "not run", 0.0) for e in entries[index + 1:]]
             break
-        except BuilderError as exc:
+        except (BuilderError, OSError) as exc:
+            if isinstance(exc, OSError):
+                if exc.errno not in fsutil.FULL:
+                    raise
+                exc = fsutil.write_failed(exc.filename, exc)  # a full disk anywhere in a step: exit 3, one line
             first = (exc.message.splitlines() or [""])[0]
             outcomes.append(Outcome(entry.tag, "failed", time.monotonic() - started, first, exc))
     rows = [[o.tag, f"{log.mark(o.ok)} {o.result}", f"{o.seconds:.0f}s", o.detail[:100]] for o in outcomes]

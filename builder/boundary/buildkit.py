@@ -222,8 +222,12 @@ def run(spec: BuildSpec, image_labels: Mapping[str, str], ca_bundle: str | None)
     return proc.returncode, output, masked(command, secret_values)
 
 
+DISK_FULL_HINT = ("free space where the Docker engine keeps its data (`docker info -f '{{.DockerRootDir}}'`): "
+                  "`docker builder prune` / `docker image prune`, then re-run the same command")
 FAILURE_PATTERNS = (
-    (r"no space left on device", "the disk is full", "free space: `docker system prune` / `docker builder prune`"),
+    # A RUN step prints "No space left on device" (strerror), the engine "no space left on device": both.
+    (r"(?im)^(?:#\d+ (?:\d+\.\d+ )?)?(?:ERROR: )?(.*(?:no space left on device|disk quota exceeded).*)$",
+     "the disk is full ({0})", DISK_FULL_HINT),
     (r"THESE PACKAGES DO NOT MATCH THE HASHES[\s\S]*?\n\s+(\S+)",
      "a downloaded package does not match its lock hash: {0}",
      "the index served other bytes: check the index/mirror, or re-lock if the pin moved"),
@@ -237,15 +241,35 @@ FAILURE_PATTERNS = (
     (r"CERTIFICATE_VERIFY_FAILED", "TLS verification failed inside the build (an intercepting proxy?)",
      "pass the proxy's CA bundle: --ca-bundle PATH (handed in as a BuildKit secret)"),
 )
+# The docker client's own words when the engine it talks to goes away (stopped, restarted, crashed) or was
+# never there. Matched only on the client's lines, never on a RUN step's output (`#5 1.23 …`): a pip
+# download that ends early prints "EOF" too, and that is not the engine's fault.
+ENGINE_GONE = re.compile(
+    r"^(?:ERROR: )?(?:failed to solve: )?(?:rpc error: code = Unavailable desc = )?(?:error reading from server: )?"
+    r"(?:unexpected )?EOF$"
+    r"|Cannot connect to the Docker daemon at \S+"
+    r"|error during connect: "
+    r"|rpc error: code = Unavailable desc = (?:transport is closing|connection error|error reading from server)"
+    r"|transport is closing$"
+    r"|unix \S*: (?:read|write|connect): (?:connection reset by peer|connection refused|broken pipe"
+    r"|no such file or directory)",
+    re.MULTILINE)
+_STEP_OUTPUT = re.compile(r"^#\d+ \d+\.\d+ .*$\n?", re.MULTILINE)
 ENVIRONMENT_FAILURES = ("the disk is full", "the base image cannot be pulled")
 
 
 def explain_failure(output: str) -> tuple[str, str, bool]:
     """(message, hint, is the machine's fault rather than the inputs') for a failed build's output."""
+    disk = re.search(FAILURE_PATTERNS[0][0], output)
+    if not disk:  # a full disk can also take the engine down: the disk is the cause to report
+        gone = ENGINE_GONE.search(_STEP_OUTPUT.sub("", output))
+        if gone:
+            return (f"the Docker engine at {engine.address()} stopped answering during the build "
+                    f"({gone.group(0).strip()[:120]})", engine.GONE_HINT, True)
     for pattern, message, hint in FAILURE_PATTERNS:
         m = re.search(pattern, output)
         if m:
-            groups = [g for g in m.groups() if g] if m.groups() else []
+            groups = [g.strip()[:200] for g in m.groups() if g] if m.groups() else []
             text = message.format(*(groups + ["", ""])).strip()
             return text, hint, any(text.startswith(e) for e in ENVIRONMENT_FAILURES)
     tail = [line.strip() for line in output.splitlines() if line.strip()][-3:]

@@ -12,6 +12,8 @@ import functools
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from builder import log
@@ -19,6 +21,27 @@ from builder.errors import EnvironmentProblem
 
 CANDIDATES = ("docker", "/usr/bin/docker")
 START_HINT = "start one: `sudo systemctl start docker`, or `dockerd >/tmp/dockerd.log 2>&1 &` as root"
+GONE_HINT = ("check that it runs again (`docker info`; restart it: `sudo systemctl restart docker`, or start `dockerd` "
+             "as root), then re-run the same command")
+
+
+def address() -> str:
+    """The engine both the SDK and the CLI talk to: DOCKER_HOST (both honour it), else the default socket."""
+    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+@contextmanager
+def answering(what: str) -> Iterator[None]:
+    """The engine going away while we talk to it (stopped, restarted, crashed: the SDK's connection is
+    refused or reset) is the machine's fault, exit 3 with how to bring it back, not a traceback."""
+    from requests.exceptions import ConnectionError as RequestsConnectionError
+
+    try:
+        yield
+    except RequestsConnectionError as exc:
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:160]
+        raise EnvironmentProblem(f"the Docker engine at {address()} stopped answering {what} ({reason})",
+                                 GONE_HINT) from None
 
 
 @dataclass(frozen=True)
@@ -68,7 +91,8 @@ def sdk():
         api = docker.from_env(timeout=600)
         version = api.version()
     except docker.errors.DockerException as exc:
-        raise EnvironmentProblem(f"no Docker engine answers ({str(exc).splitlines()[0][:160]})", START_HINT) from None
+        raise EnvironmentProblem(f"no Docker engine answers at {address()} ({str(exc).splitlines()[0][:160]})",
+                                 START_HINT) from None
     server = version.get("Version", "0")
     major, minor = (int(x) for x in server.split(".")[:2])
     if (major, minor) < (18, 9):
@@ -102,7 +126,8 @@ def image_or_none(ref: str):
     import docker
 
     try:
-        return sdk().images.get(ref)
+        with answering(f"while looking up {ref}"):
+            return sdk().images.get(ref)
     except docker.errors.ImageNotFound:
         return None
 

@@ -104,8 +104,9 @@ def run(entry: Entry, options: Options) -> Done:
         reports.write(entry.tag, NAME, {"result": "failed", "error": message, "command": shown, "input_hash": digest,
                                         "base": base, "duration_s": round(time.monotonic() - started, 1)})
         raise (EnvironmentProblem if environmental else StepFailed)(f"{entry.tag}: {message}", hint)
-    image = engine.sdk().images.get(spec.ref)
-    found = inspect.installed(spec.ref)
+    with engine.answering("after the build"):
+        image = engine.sdk().images.get(spec.ref)
+        found = inspect.installed(spec.ref)
     mismatches = inspect.problems(facts, found)
     report = {
         "result": "failed" if mismatches else "built",

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder import fsutil, log
-from builder.boundary import engine, tarstream
+from builder.boundary import buildkit, engine, tarstream
 from builder.errors import EnvironmentProblem, UserError
 from builder.model import paths, reference
 
@@ -274,6 +274,20 @@ def _save_stream(image: str):
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=c.env(), bufsize=CHUNK)
 
 
+def _save_failed(proc, image: str) -> None:
+    """Raise EnvironmentProblem (exit 3) when `docker save` exited non-zero, naming why in one line."""
+    err = proc.stderr.read().decode("utf-8", "replace")
+    proc.stderr.close()
+    if proc.wait() == 0:
+        return
+    message, hint, environmental = buildkit.explain_failure(err)
+    if environmental:
+        raise EnvironmentProblem(f"`docker save {image}` failed: {message}", hint)
+    last = ([line.strip() for line in err.splitlines() if line.strip()] or ["no output"])[-1]
+    raise EnvironmentProblem(f"`docker save {image}` failed: {last[-300:]}",
+                             "check the engine (`docker info`) and that the image is still there, then re-run")
+
+
 def build_manifest(saved: dict, image: str) -> dict:
     fs = apply_layers([saved["layers"][name] for name in saved["order"]])
     status = fs.get("var/lib/dpkg/status", {}).get("content")
@@ -341,15 +355,23 @@ def manifest(image: str, cache: bool = True) -> dict:
     proc = _save_stream(ident)
     try:
         saved = read_save(proc.stdout, f"`docker save {image}`")
+    except UserError:
+        # An empty or cut-off stream is what a failed save looks like (the engine ran out of space for its
+        # export, or went away): the engine's own words come first, never "not a docker save archive".
+        while proc.stdout.read(CHUNK):  # to its end, so a save that did not fail is not killed by a closed pipe
+            pass
+        proc.stdout.close()
+        _save_failed(proc, image)
+        raise
     finally:
         proc.stdout.close()
-        err = proc.stderr.read().decode("utf-8", "replace")
-        proc.wait()
-    if proc.returncode != 0:
-        raise EnvironmentProblem(f"`docker save {image}` failed: {err.strip()[-300:]}")
+    _save_failed(proc, image)
     result = build_manifest(saved, image)
     if cache:
-        fsutil.write_atomic(cached, json.dumps(result, sort_keys=True, separators=(",", ":")))
+        try:
+            fsutil.write_atomic(cached, json.dumps(result, sort_keys=True, separators=(",", ":")))
+        except OSError as exc:  # the cache only saves time: a full disk here costs the next run a save
+            log.info(f"warning: the manifest cache {cached} was not written ({exc.strerror or exc})")
     seconds = round(time.monotonic() - started, 1)
     result["stats"] = {"seconds": seconds, "cached": False,
                        "mb_per_s": round(result["totals"]["bytes"] / 1e6 / max(seconds, 0.1), 1)}
@@ -374,9 +396,8 @@ def main(options: Options, m=None) -> int:
     if options.output:
         try:
             fsutil.write_atomic(Path(options.output), dumps(result))
-        except OSError as exc:
-            raise EnvironmentProblem(f"{options.output}: cannot write ({exc.strerror or exc})",
-                                     "pick a writable path with free space") from None
+        except OSError as exc:  # nothing half-written is left: a temp file beside it, renamed only when whole
+            raise fsutil.write_failed(options.output, exc) from None
     else:
         print(dumps(result), end="")
     return 0

@@ -19,7 +19,7 @@ import yaml
 
 from builder import log, reports
 from builder.boundary import buildkit, engine
-from builder.errors import StepFailed, UserError
+from builder.errors import EnvironmentProblem, StepFailed, UserError
 from builder.model import paths
 from builder.steps import Done, manifest
 
@@ -202,8 +202,9 @@ def rebuild(entry, options: Options) -> dict:
     started = time.monotonic()
     code, output, _ = buildkit.run(spec, buildkit.labels(spec, facts, digest), options.ca_bundle)
     if code != 0:
-        message, hint, _ = buildkit.explain_failure(output)
-        raise StepFailed(f"{entry.tag}: the repro build failed: {message}", hint)
+        message, hint, environmental = buildkit.explain_failure(output)
+        raise (EnvironmentProblem if environmental else StepFailed)(f"{entry.tag}: the repro build failed: {message}",
+                                                                     hint)
     rebuilt = engine.sdk().images.get(spec.ref)
     if rebuilt.id == existing.id:
         # Not a second build: BuildKit merges identical steps of builds running at the same time, even
@@ -215,6 +216,17 @@ def rebuild(entry, options: Options) -> dict:
             "input_hash": digest, "original_id": existing.id}
 
 
+def _remove_rebuild(built: dict) -> None:
+    """Remove the rebuilt image; when that fails (the engine went away) say so, never hide the first error."""
+    try:
+        with engine.answering(f"while removing {built['image']}"):
+            engine.sdk().images.remove(built["image"], force=True)
+    except Exception as exc:  # noqa: BLE001 - a leftover -repro image is harmless; the comparison's error matters
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        log.info(f"warning: {built['image']} was not removed ({reason}); remove it with `docker rmi {built['image']}`")
+    manifest.cache_path(built["id"]).unlink(missing_ok=True)
+
+
 def run(entry, options: Options) -> Done:
     started = time.monotonic()
     built = rebuild(entry, options)
@@ -222,8 +234,7 @@ def run(entry, options: Options) -> Done:
         result = compare_images(paths.image_ref(entry), built["image"])
     finally:
         if not options.keep:
-            engine.sdk().images.remove(built["image"], force=True)
-            manifest.cache_path(built["id"]).unlink(missing_ok=True)
+            _remove_rebuild(built)
     # Lists are capped so a badly broken build still gives a readable report; the counts are complete.
     report = {"result": "reproducible" if result["ok"] else "differs", **result,
               "allowlisted_count": len(result["allowlisted"]), "allowlisted": result["allowlisted"][:REPORT_CAP],
