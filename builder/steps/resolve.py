@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 from builder import log
 from builder.errors import CompatError, EnvironmentProblem
@@ -48,10 +50,25 @@ def _uv() -> str:
         raise EnvironmentProblem("uv is not installed", "run `make venv` (or pip install uv)") from None
 
 
-def compile_requirements(entry: Entry, hashes: bool, lines: list[str] | None = None) -> str:
-    """Run uv pip compile; return its output. Conflicts become a CompatError in uv's own plain words."""
+def compile_requirements(entry: Entry, hashes: bool, lines: list[str] | None = None,
+                         prefer: list[str] | None = None) -> str:
+    """Run uv pip compile; return its output. Conflicts become a CompatError in uv's own plain words.
+
+    `prefer`: `name==version` lines of the current locks. uv keeps those versions wherever the requirements
+    still allow them (it reads an existing output file as preferences), so re-locking after one pin changed
+    moves only what that pin forces: the other locks, and the layers built from them, stay as they are."""
+    with tempfile.TemporaryDirectory(prefix="builder-resolve-") as tmp:
+        out = Path(tmp) / "requirements.txt"
+        if prefer:
+            out.write_text("".join(f"{line}\n" for line in prefer))
+        return _compile(entry, hashes, lines, out if prefer else None)
+
+
+def _compile(entry: Entry, hashes: bool, lines: list[str] | None, out: Path | None) -> str:
     argv = [_uv(), "pip", "compile", "-", "--python-version", entry.python, "--python-platform", PLATFORM,
             "--index-url", entry.index_url, "--no-header", "--quiet", "--annotation-style", "split"]
+    if out is not None:
+        argv += ["--output-file", str(out)]
     if hashes:
         argv.append("--generate-hashes")
     if not uses_pypi(entry):
@@ -64,7 +81,7 @@ def compile_requirements(entry: Entry, hashes: bool, lines: list[str] | None = N
     except subprocess.TimeoutExpired:
         raise EnvironmentProblem(f"{entry.tag}: resolution took over 10 minutes", "is the index reachable?") from None
     if proc.returncode == 0:
-        return proc.stdout
+        return out.read_text() if out is not None else proc.stdout
     message = _explain(proc.stderr)
     if _is_network(proc.stderr):
         raise EnvironmentProblem(f"{entry.tag}: cannot reach {entry.index_url}: {message}",

@@ -47,3 +47,27 @@ def test_torch_layer_survives_a_change_of_another_pin(project):
     assert (project / "a" / lock.LOCK).read_bytes() != (project / "b" / lock.LOCK).read_bytes()
     assert "peft==0.21.1" in (project / "b" / lock.LOCK).read_text()
 
+
+
+@pytest.mark.network
+def test_a_relock_keeps_the_committed_versions_and_moves_only_the_changed_pin(project, tmp_path):
+    """Re-locking after one pin changed must not take newer releases of anything else (PyPI moves every day):
+    torch.lock, ops.lock, deepspeed.lock and nvcc.lock stay byte-identical to the committed ones, so the torch
+    layer and the ops stage are reused."""
+    from tests.conftest import ROOT
+
+    tag = "cu130-torch2.13-bookworm"
+    committed = ROOT / "dockerfiles" / tag
+    out = tmp_path / tag
+    out.mkdir()
+    for name in (lock.TORCH_LOCK, lock.LOCK, lock.OPS_LOCK, lock.DEEPSPEED_LOCK, lock.NVCC_LOCK):
+        (out / name).write_bytes((committed / name).read_bytes())
+    (project / "matrix.yaml").write_text(VALID_MATRIX.replace("peft: 0.21.2", "peft: 0.21.1"))
+    lock.lock(matrix.load(project / "matrix.yaml").by_tag()[tag], out)
+    for name in (lock.TORCH_LOCK, lock.OPS_LOCK, lock.DEEPSPEED_LOCK, lock.NVCC_LOCK):
+        assert (out / name).read_bytes() == (committed / name).read_bytes(), f"{name} moved"
+    before = lock.parse_blocks((committed / lock.LOCK).read_text())
+    after = lock.parse_blocks((out / lock.LOCK).read_text())
+    moved = {n for n in before.keys() | after.keys()
+             if (before.get(n) and before[n].version) != (after.get(n) and after[n].version)}
+    assert moved == {"peft"}, f"a peft change moved {sorted(moved)}"
