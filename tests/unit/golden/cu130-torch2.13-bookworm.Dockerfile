@@ -184,27 +184,17 @@ RUN --mount=type=cache,id=uv-cache,target=/var/cache/uv,sharing=shared \
 # DeepSpeed: the wheel the ops stage built from the hash-checked sdist in deepspeed.lock.
 COPY deepspeed.lock /opt/train-image/locks/deepspeed.lock
 COPY --from=ops /opt/ops/wheel/ /opt/train-image/ops/
-RUN --mount=type=cache,id=uv-cache,target=/var/cache/uv,sharing=shared \
-    --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/usr/local/bin/uv \
-    --mount=type=secret,id=pip_cert,required=false \
+# pip, not uv, for this local wheel: uv records the file's mtime in the dist-info (uv_cache.json), which differs
+# in every build (docs/reproducibility.md).
+RUN --mount=type=secret,id=pip_cert,required=false \
     --mount=type=secret,id=pip_index_url,required=false \
     --mount=type=secret,id=pip_extra_index_url,required=false \
     export PYTHONHASHSEED=0; \
     if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
     if [ -s /run/secrets/pip_index_url ]; then PIP_INDEX_URL="$(cat /run/secrets/pip_index_url)"; export PIP_INDEX_URL; fi; \
     if [ -s /run/secrets/pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /run/secrets/pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \
-    export PIP_INDEX_URL="${PIP_INDEX_URL:-https://pypi.org/simple}"; \
-    export UV_INDEX_URL="$PIP_INDEX_URL" UV_CACHE_DIR=/var/cache/uv UV_LINK_MODE=copy \
-      UV_NO_PROGRESS=1 UV_PYTHON_DOWNLOADS=never; \
-    if [ -n "${PIP_EXTRA_INDEX_URL:-}" ]; then export UV_EXTRA_INDEX_URL="$PIP_EXTRA_INDEX_URL"; fi; \
-    if [ -n "${PIP_CERT:-}" ]; then export SSL_CERT_FILE="$PIP_CERT"; fi; \
-    ls -A /opt/venv/lib/python3.11/site-packages > /tmp/site.before; \
-    uv pip install --no-deps --no-index /opt/train-image/ops/deepspeed-*.whl \
+    pip install --no-cache-dir --no-deps --no-index /opt/train-image/ops/deepspeed-*.whl \
     && rm /opt/train-image/ops/deepspeed-*.whl \
-    && ls -A /opt/venv/lib/python3.11/site-packages > /tmp/site.after \
-    && { comm -13 /tmp/site.before /tmp/site.after | grep -v '\.dist-info$' | sed 's#^#/opt/venv/lib/python3.11/site-packages/#' \
-         | xargs -r -d '\n' python -m compileall -q -j 0 --invalidation-mode checked-hash || true; } \
-    && rm /tmp/site.before /tmp/site.after \
     && pip check
 
 FROM python AS runtime
