@@ -48,7 +48,7 @@ RUN --mount=type=secret,id=pip_cert,required=false export PIP_CERT=/run/secrets/
     && pip install --no-cache-dir torch=={torch} ninja
 RUN --mount=type=secret,id=pip_cert,required=false export PIP_CERT=/run/secrets/pip_cert \\
     && pip install --no-cache-dir {nvcc_pins} \\
-    && for lib in cudart curand cublas; do \
+    && for lib in cudart curand cublas; do \\
          ln -sf "$(basename "$(ls {cuda_home}/lib/lib$lib.so.* | head -1)")" {cuda_home}/lib/lib$lib.so; done
 ENV CUDA_HOME={cuda_home} TORCH_CUDA_ARCH_LIST="{arch_list}"
 RUN --mount=type=secret,id=pip_cert,required=false export PIP_CERT=/run/secrets/pip_cert \\
@@ -169,9 +169,9 @@ def entry_of(work: Path, tag: str):
 
 
 def naive(work: Path, tag: str) -> tuple[float, list[str], str]:
+    e, tc = entry_of(work, tag)
     from builder.steps import lock
 
-    e, tc = entry_of(work, tag)
     if tc["nvcc"]["kind"] != "pypi":
         sys.exit(f"the naive baseline gets nvcc from PyPI; {tag} takes it from {tc['nvcc']['kind']}")
     pins = " ".join(f"{n}=={v}" for n, v in e.pins.items() if v and n not in ("torch", "flash-attn"))
@@ -238,10 +238,11 @@ def main() -> None:
     show("ours", "unchanged matrix", seconds, lines, ref, results)
     set_pin(work, args.tag, "torch", args.torch)
     show("ours", "torch changed", *ours(work, args.tag), results)
-    torch_steps = results["ours"]["torch changed"]["steps"]
-    reused = [s["title"].split("]")[0] + "]" for s in torch_steps if s["cached"] and s["title"].startswith("[")]
-    rebuilt = [s["title"].split("]")[0] + "]" for s in torch_steps if not s["cached"] and s["title"].startswith("[")
-               and s["seconds"] is not None]
+    # Steps that do work (RUN, COPY, WORKDIR): a FROM is resolved, never cached, in every build.
+    torch_steps = [s for s in results["ours"]["torch changed"]["steps"]
+                   if re.match(r"\[[\w-]+ \d+/\d+\] (?!FROM )", s["title"])]
+    reused = [s["title"].split("]")[0] + "]" for s in torch_steps if s["cached"]]
+    rebuilt = [s["title"].split("]")[0] + "]" for s in torch_steps if not s["cached"]]
     print(f"        reused: {' '.join(reused)}\n        rebuilt: {' '.join(rebuilt)}")
 
     if not args.skip_naive:
