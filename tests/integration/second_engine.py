@@ -1,7 +1,7 @@
 """A private Docker engine for fault tests: started, killed, restarted and filled up by the test itself.
 
 The machine's own engine (default socket) is never touched: it may be busy with someone else's work. This one
-has its own data root, exec root, pidfile, socket, containerd namespace and cgroup parent, no bridge and no
+has its own data root, exec root, pidfile, socket, containerd namespace and cgroup parent, its own bridge, no
 iptables rules (builds use `--network=host`, containers `--network=none`). The builder is pointed at it with
 DOCKER_HOST, which both the docker SDK and the docker CLI honour.
 
@@ -39,6 +39,8 @@ def skip_unless_possible(loop: bool = False) -> None:
         pytest.skip("no dockerd here (Debian: apt-get install docker.io; `make docker` does it)")
     if not Path(DOCKER).exists():
         pytest.skip(f"{DOCKER} (Debian's docker client, with BuildKit built in) is not here")
+    if not shutil.which("ip"):
+        pytest.skip("the private engine gets its own bridge with `ip` (iproute2), which is not here")
     if loop and not (shutil.which("mkfs.ext4") and shutil.which("mount") and Path("/dev/loop-control").exists()):
         pytest.skip("a small file system needs mkfs.ext4, mount and loop devices (/dev/loop-control)")
 
@@ -113,6 +115,18 @@ class Engine:
                 pytest.skip(f"cannot loop-mount an ext4 image here: {mounted.stderr.strip()[-200:]}")
         self.data = (self.fs or self.dir) / "data"
         (self.dir / "daemon.json").write_text("{}")
+        # Its own bridge, never `--bridge=none`: a dockerd started without a bridge deletes docker0 (moby's
+        # removeDefaultBridgeInterface), the main engine's bridge, and every bridged build or container there
+        # fails after it ("could not find bridge docker0"; found by the full suite).
+        self.bridge = self.dir.name[:15]
+        made = subprocess.run(["ip", "link", "add", "name", self.bridge, "type", "bridge"], capture_output=True,
+                              text=True)
+        if made.returncode != 0:
+            self.bridge = None
+            self.cleanup()
+            pytest.skip(f"cannot make a bridge for a private dockerd here: {made.stderr.strip()[-200:]}")
+        subprocess.run(["ip", "addr", "add", "10.255.250.1/24", "dev", self.bridge], check=True)
+        subprocess.run(["ip", "link", "set", self.bridge, "up"], check=True)
 
     # --- the daemon ---------------------------------------------------------------------------------
 
@@ -122,7 +136,7 @@ class Engine:
     def start(self, timeout: float = 60) -> None:
         argv = ["dockerd", "--config-file", str(self.dir / "daemon.json"), "--data-root", str(self.data),
                 "--exec-root", str(self.dir / "exec"), "--pidfile", str(self.dir / "dockerd.pid"),
-                "-H", self.host, "--bridge=none", "--iptables=false", "--ip-masq=false",
+                "-H", self.host, "--bridge", self.bridge, "--iptables=false", "--ip-masq=false",
                 "--containerd-namespace", self.cgroup, "--containerd-plugins-namespace", self.cgroup + "-plugins",
                 "--cgroup-parent", "/" + self.cgroup]
         self._forget_dead_containerd()
@@ -198,6 +212,8 @@ class Engine:
             self.kill_orphans()
             time.sleep(0.5)
         shutil.rmtree(self.dir, ignore_errors=True)
+        if getattr(self, "bridge", None):
+            subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True)
         # The cgroups this engine made (one per controller on cgroup v1, one on v2), removed once empty.
         tops = [Path("/sys/fs/cgroup")] + [p for p in Path("/sys/fs/cgroup").iterdir() if p.is_dir()]
         for top in tops:

@@ -52,6 +52,7 @@ def base_tar(tmp_path_factory):
 
 def _engine(base_tar, fs_size=None):
     skip_unless_possible(loop=fs_size is not None)
+    main_bridge = _has_link("docker0")
     engine = Engine(fs_size)
     try:
         engine.start()
@@ -60,6 +61,13 @@ def _engine(base_tar, fs_size=None):
     finally:
         engine.cleanup()
         assert not engine.dir.exists(), f"{engine.dir} was not removed"
+    # The main engine is untouched: its bridge (a dockerd without one deletes docker0) is still there.
+    if main_bridge:
+        assert _has_link("docker0"), "the private engine deleted the main engine's docker0 bridge"
+
+
+def _has_link(name: str) -> bool:
+    return subprocess.run(["ip", "link", "show", name], capture_output=True).returncode == 0
 
 
 @pytest.fixture
