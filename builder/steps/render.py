@@ -31,8 +31,9 @@ from builder.model.matrix import TAG_RE, Entry, Matrix, select
 OUT_DIR = paths.DOCKERFILES
 FACTS_SCHEMA = 1
 BUILD_TOOLS_LOCK = "build-tools.lock"
+COMPILE_NEW = "compile-new.py"
 # The temp names fsutil.write_atomic makes (mkstemp(prefix=".NAME.")) for the files of a tag directory.
-TEMP_RE = re.compile(r"\.(?:Dockerfile|image\.json|[A-Za-z0-9_.-]+\.lock)\.[a-z0-9_]{8}")
+TEMP_RE = re.compile(r"\.(?:Dockerfile|image\.json|compile-new\.py|[A-Za-z0-9_.-]+\.lock)\.[a-z0-9_]{8}")
 
 
 def _environment() -> jinja2.Environment:
@@ -89,12 +90,17 @@ def render_entry(entry: Entry) -> dict[str, str]:
         tc=compat.toolchain(entry), sp=f"/opt/venv/lib/python{entry.python}/site-packages",
     )
     return {"Dockerfile": dockerfile, "image.json": json.dumps(data, indent=2, sort_keys=True) + "\n",
-            BUILD_TOOLS_LOCK: build_tools_lock()}
+            BUILD_TOOLS_LOCK: build_tools_lock(), COMPILE_NEW: _data(COMPILE_NEW)}
 
 
 def build_tools_lock() -> str:
     """uv, hash-locked, for the Dockerfile's throwaway `uv` stage (package data; `make build-tools-lock`)."""
-    return (resources.files("builder") / "data" / BUILD_TOOLS_LOCK).read_text(encoding="utf-8")
+    return _data(BUILD_TOOLS_LOCK)
+
+
+def _data(name: str) -> str:
+    """A build helper shipped in the package and rendered beside each Dockerfile (bind-mounted, never copied)."""
+    return (resources.files("builder") / "data" / name).read_text(encoding="utf-8")
 
 
 def render_all(entries: list[Entry]) -> dict[str, dict[str, str]]:

@@ -7,6 +7,7 @@ flag and field, print no traceback and no secret, and leave every file of the pr
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -64,5 +65,12 @@ def run_builder(project: Path, *argv: str, prelude: str = "", timeout: float = 6
     code = (f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n{prelude}\n"
             f"from builder import cli\nsys.exit(cli.main({list(argv)!r}))\n")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    popen.setdefault("preexec_fn", _default_sigint)
     return subprocess.Popen([sys.executable, "-c", code], cwd=project, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **popen)
+
+
+def _default_sigint() -> None:
+    """SIGINT as in a terminal, even when the suite runs from a background shell (`&` makes SIGINT ignored, and
+    children inherit it): the signal tests Ctrl-C this child."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -74,6 +74,7 @@ ARG SOURCE_DATE_EPOCH=315532800
 COPY torch.lock /opt/train-image/locks/torch.lock
 RUN --mount=type=cache,id=uv-cache,target=/var/cache/uv,sharing=shared \
     --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/usr/local/bin/uv \
+    --mount=type=bind,source=compile-new.py,target=/opt/build-tools/compile-new.py \
     --mount=type=secret,id=pip_cert,required=false \
     --mount=type=secret,id=pip_index_url,required=false \
     --mount=type=secret,id=pip_extra_index_url,required=false \
@@ -88,10 +89,8 @@ RUN --mount=type=cache,id=uv-cache,target=/var/cache/uv,sharing=shared \
     if [ -n "${PIP_CERT:-}" ]; then export SSL_CERT_FILE="$PIP_CERT"; fi; \
     ls -A /opt/venv/lib/python3.11/site-packages > /tmp/site.before; \
     uv pip install --require-hashes --no-deps -r /opt/train-image/locks/torch.lock \
-    && ls -A /opt/venv/lib/python3.11/site-packages > /tmp/site.after \
-    && { comm -13 /tmp/site.before /tmp/site.after | grep -v '\.dist-info$' | sed 's#^#/opt/venv/lib/python3.11/site-packages/#' \
-         | xargs -r -d '\n' python -m compileall -q -j 0 --invalidation-mode checked-hash || true; } \
-    && rm /tmp/site.before /tmp/site.after
+    && python -S /opt/build-tools/compile-new.py /opt/venv/lib/python3.11/site-packages /tmp/site.before \
+    && rm /tmp/site.before
 
 # DeepSpeed 0.19.8 with ops compiled ahead of time (fused_adam, cpu_adam), as a wheel: only the wheel
 # and ops.json (what was built) leave this stage. Its inputs are the base, torch.lock, the toolchain and ops.lock,
@@ -163,6 +162,7 @@ ARG SOURCE_DATE_EPOCH=315532800
 COPY requirements.lock /opt/train-image/locks/requirements.lock
 RUN --mount=type=cache,id=uv-cache,target=/var/cache/uv,sharing=shared \
     --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/usr/local/bin/uv \
+    --mount=type=bind,source=compile-new.py,target=/opt/build-tools/compile-new.py \
     --mount=type=secret,id=pip_cert,required=false \
     --mount=type=secret,id=pip_index_url,required=false \
     --mount=type=secret,id=pip_extra_index_url,required=false \
@@ -177,10 +177,8 @@ RUN --mount=type=cache,id=uv-cache,target=/var/cache/uv,sharing=shared \
     if [ -n "${PIP_CERT:-}" ]; then export SSL_CERT_FILE="$PIP_CERT"; fi; \
     ls -A /opt/venv/lib/python3.11/site-packages > /tmp/site.before; \
     uv pip install --require-hashes --no-deps -r /opt/train-image/locks/requirements.lock \
-    && ls -A /opt/venv/lib/python3.11/site-packages > /tmp/site.after \
-    && { comm -13 /tmp/site.before /tmp/site.after | grep -v '\.dist-info$' | sed 's#^#/opt/venv/lib/python3.11/site-packages/#' \
-         | xargs -r -d '\n' python -m compileall -q -j 0 --invalidation-mode checked-hash || true; } \
-    && rm /tmp/site.before /tmp/site.after
+    && python -S /opt/build-tools/compile-new.py /opt/venv/lib/python3.11/site-packages /tmp/site.before \
+    && rm /tmp/site.before
 # DeepSpeed: the wheel the ops stage built from the hash-checked sdist in deepspeed.lock.
 COPY deepspeed.lock /opt/train-image/locks/deepspeed.lock
 COPY --from=ops /opt/ops/wheel/ /opt/train-image/ops/
