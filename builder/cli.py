@@ -17,14 +17,19 @@ from pathlib import Path
 from builder import fsutil, log, runner
 from builder.errors import BuilderError, UserError
 from builder.model import compat, matrix, plan, proof
+from builder.model.inputs import Inputs
 from builder.steps import STEPS, TOOLS
 
 HEADERS = ("tag", "torch", "CUDA", "Python", "transformers", "deepspeed", "flash-attn", "proven")
 
 
 def options_from(args: argparse.Namespace, cls):
-    """The step's frozen options from the parsed arguments: argparse objects stop here."""
-    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)})
+    """The step's frozen options from the parsed arguments: argparse objects stop here. A step's `inputs`
+    field is the one Inputs object (builder/model/inputs.py), built here once from the same flags."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+    if any(f.name == "inputs" for f in dataclasses.fields(cls)):
+        values["inputs"] = options_from(args, Inputs)
+    return cls(**values)
 
 
 def select(args, m: matrix.Matrix, default_all: bool = True) -> list[matrix.Entry]:

@@ -21,15 +21,13 @@ from pathlib import Path
 
 import builder
 from builder.boundary import baseimage, engine
-from builder.errors import UserError
-from builder.model import paths
+from builder.model import context, paths
+from builder.model.inputs import Inputs
 from builder.model.matrix import Entry
 
 LABEL_PREFIX = "io.train-images"
 SOURCE_URL = os.environ.get("BUILDER_SOURCE_URL", "https://github.com/train-images/train-images")
 ZIP_EPOCH = 315532800  # 1980-01-01: the fixed time when there is no git history
-# Sensitive settings and the BuildKit secret id each travels under; never a build arg (visible in history).
-SECRET_ENV = (("PIP_INDEX_URL", "pip_index_url"), ("PIP_EXTRA_INDEX_URL", "pip_extra_index_url"))
 
 
 @dataclass(frozen=True)
@@ -48,51 +46,22 @@ class BuildSpec:
     cache_ref: str | None = None  # a registry build cache (buildx only); it changes speed, never the bytes
 
 
-def spec(entry: Entry, *, context: Path, ref: str, base_image: str | None, local_base: bool, apt_mirror: str | None,
-         no_cache: bool, cache_ref: str | None = None) -> BuildSpec:
-    """The build the flags describe: which base (pinned, a mirror, or a local copy), which apt mirror."""
-    ref_used = base_image or baseimage.reference(entry, local=local_base)
+def spec(entry: Entry, inputs: Inputs, *, context: Path, ref: str, no_cache: bool,
+         cache_ref: str | None = None) -> BuildSpec:
+    """The build the inputs describe: which base (pinned, a mirror, or a local copy), which apt mirror."""
+    ref_used = inputs.base_image or baseimage.reference(entry, local=inputs.local_base)
     base = baseimage.describe(entry, ref_used)
-    extra = {"APT_MIRROR": apt_mirror} if apt_mirror else {}
+    extra = {"APT_MIRROR": inputs.apt_mirror} if inputs.apt_mirror else {}
     return BuildSpec(entry=entry, context=context, ref=ref, base_ref=base["ref"], base_id=base["image_id"],
                      base_substituted=base["substituted"], build_args=extra, epoch=source_date_epoch(entry),
                      no_cache=no_cache, cache_ref=cache_ref)
-
-
-# --- the context -----------------------------------------------------------------------------------------
-
-
-def stage_context(entry: Entry, root: Path = paths.CONTEXT_ROOT) -> Path:
-    """Copy exactly the files the image is made of (dockerfiles/<tag>/ and smoke/) into root/<tag>/."""
-    source = paths.tag_dir(entry)
-    if not (source / "Dockerfile").exists():
-        raise UserError(f"{source}/Dockerfile does not exist", f"run `python -m builder render {entry.tag}`")
-    target = root / entry.tag
-    if target.exists():
-        shutil.rmtree(target)
-    target.mkdir(parents=True)
-    for path in sorted(source.iterdir()):
-        if path.is_file() and not path.is_symlink():
-            shutil.copy2(path, target / path.name)
-    shutil.copytree(paths.SMOKE_DIR, target / "smoke", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    return target
-
-
-def context_hash(context: Path) -> str:
-    """sha256 over every file in the context: path, executable bit and content."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in context.rglob("*") if p.is_file()):
-        rel = path.relative_to(context).as_posix()
-        digest.update(f"{rel}\0{os.access(path, os.X_OK)}\0".encode())
-        digest.update(hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()
 
 
 def input_hash(spec: BuildSpec) -> str:
     """Everything that changes the image's bytes: the staged context, every build argument, the base
     reference and the builder's version. Two builds with the same hash are interchangeable."""
     digest = hashlib.sha256()
-    digest.update(f"builder {builder.__version__}\0context {context_hash(spec.context)}\0".encode())
+    digest.update(f"builder {builder.__version__}\0context {context.digest(spec.context)}\0".encode())
     for key, value in sorted(build_args(spec).items()):
         digest.update(f"arg {key}={value}\0".encode())
     # A base reference without a digest (`--local-base`, a mirror tag) can name other bytes tomorrow: its
@@ -111,8 +80,9 @@ def build_args(spec: BuildSpec) -> dict[str, str]:
 def source_date_epoch(entry: Entry) -> int:
     """Timestamps the build writes come from the inputs' last commit, not the clock."""
     try:
-        out = subprocess.run(["git", "log", "-1", "--format=%ct", "--", str(paths.tag_dir(entry)),
-                              str(paths.SMOKE_DIR)], capture_output=True, text=True, timeout=10).stdout.strip()
+        where = [str(paths.tag_dir(entry)), str(paths.lock_dir(entry)), str(paths.SMOKE_DIR)]
+        out = subprocess.run(["git", "log", "-1", "--format=%ct", "--", *where], capture_output=True, text=True,
+                             timeout=10).stdout.strip()
         return int(out) if out else ZIP_EPOCH
     except (OSError, ValueError, subprocess.TimeoutExpired):
         return ZIP_EPOCH
@@ -121,8 +91,9 @@ def source_date_epoch(entry: Entry) -> int:
 def git_revision() -> str:
     try:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", str(paths.DOCKERFILES), str(paths.SMOKE_DIR)],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        where = [str(paths.DOCKERFILES), str(paths.LOCKS), str(paths.SMOKE_DIR)]
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", *where], capture_output=True, text=True,
+                               timeout=10).stdout.strip()
         return (rev or "unknown") + ("-dirty" if dirty else "")
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
@@ -158,29 +129,19 @@ def labels(spec: BuildSpec, facts: dict, digest: str) -> dict[str, str]:
 
 
 @contextmanager
-def secret_files(ca_bundle: str | None, environ: Mapping[str, str] = os.environ) -> Iterator[tuple[dict, list]]:
-    """Sensitive settings as files in a private temp dir, handed to BuildKit as secrets, then deleted.
-
-    Yields ({secret id: file path}, [secret values to mask in anything printed])."""
+def secret_files(inputs: Inputs) -> Iterator[dict[str, str]]:
+    """The index URLs (they carry tokens) as files in a private temp dir, handed to BuildKit as secrets, then
+    deleted; the CA bundle is handed as the file it is. Yields {secret id: file path}."""
     tmp = Path(tempfile.mkdtemp(prefix="builder-secrets-"))
     os.chmod(tmp, 0o700)
-    secrets: dict[str, str] = {}
-    values: list[str] = []
+    secrets: dict[str, str] = {"pip_cert": inputs.ca_bundle} if inputs.ca_bundle else {}
     try:
-        bundle = ca_bundle or environ.get("PIP_CERT") or environ.get("SSL_CERT_FILE")
-        if bundle:
-            if not Path(bundle).is_file():
-                raise UserError(f"CA bundle {bundle} does not exist", "pass --ca-bundle PATH or unset PIP_CERT")
-            secrets["pip_cert"] = bundle
-        for env_name, secret_id in SECRET_ENV:
-            value = environ.get(env_name)
-            if value:
-                path = tmp / secret_id
-                path.write_text(value)
-                os.chmod(path, 0o600)
-                secrets[secret_id] = str(path)
-                values.append(value)
-        yield secrets, values
+        for secret_id, value in inputs.secrets.items():
+            path = tmp / secret_id
+            path.write_text(value)
+            os.chmod(path, 0o600)
+            secrets[secret_id] = str(path)
+        yield secrets
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -211,9 +172,10 @@ def masked(command: list[str], secrets: list[str]) -> str:
     return shown
 
 
-def run(spec: BuildSpec, image_labels: Mapping[str, str], ca_bundle: str | None) -> tuple[int, str, str]:
+def run(spec: BuildSpec, image_labels: Mapping[str, str], inputs: Inputs) -> tuple[int, str, str]:
     """Run the build; returns (exit code, combined output, the command as shown, secrets masked)."""
-    with secret_files(ca_bundle) as (secrets, secret_values):
+    secret_values = inputs.secret_values
+    with secret_files(inputs) as secrets:
         command = argv(spec, secrets, image_labels)
         proc = engine.run_cli(command, mask=secret_values)
     output = proc.stdout
@@ -279,6 +241,6 @@ def explain_failure(output: str) -> tuple[str, str, bool]:
 def planned_input_hash(entry: Entry, root: Path = paths.CONTEXT_ROOT / "plan") -> str:
     """The input hash a CI build of the entry will have (pinned base, no mirror), computed without an engine:
     the plan compares it with the published image's label to rebuild only what changed."""
-    context = stage_context(entry, root=root)
-    return input_hash(BuildSpec(entry=entry, context=context, ref=paths.image_ref(entry), base_ref=entry.base,
+    staged = context.stage(entry, Inputs(), root=root)
+    return input_hash(BuildSpec(entry=entry, context=staged, ref=paths.image_ref(entry), base_ref=entry.base,
                                 base_substituted=False, epoch=source_date_epoch(entry)))

@@ -1,8 +1,8 @@
 """Where every artifact of the pipeline lives, and the names an entry's images carry.
 
-One place, so the steps agree without importing each other: render writes `dockerfiles/<tag>/`, lock
-adds its locks there, build stages `build/context/<tag>/`, and every step reports to
-`build/reports/<tag>.<step>.json` (BUILDER_REPORTS overrides the directory).
+One place, so the steps agree without importing each other. Each generated directory has one writer:
+render writes `dockerfiles/<tag>/`, lock writes `locks/<tag>/`; build stages both into `build/context/<tag>/`,
+and every step reports to `build/reports/<tag>.<step>.json` (BUILDER_REPORTS overrides the directory).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 from builder.model.matrix import Entry
 
 DOCKERFILES = Path("dockerfiles")
+LOCKS = Path("locks")
 SMOKE_DIR = Path("smoke")
 CONTEXT_ROOT = Path("build/context")
 MANIFEST_CACHE = Path("build/manifests")
@@ -22,6 +23,10 @@ REPRO_SUFFIX = "-repro"
 
 def tag_dir(entry: Entry) -> Path:
     return DOCKERFILES / entry.tag
+
+
+def lock_dir(entry: Entry) -> Path:
+    return LOCKS / entry.tag
 
 
 def reports_dir() -> Path:

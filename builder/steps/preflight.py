@@ -10,7 +10,6 @@ a parameter, so tests run without network.
 from __future__ import annotations
 
 import os
-import re
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -18,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.errors import EnvironmentProblem, StepFailed, UserError
-from builder.model import compat
+from builder.model import compat, lockfile, paths
+from builder.model.inputs import Inputs
+from builder.model.lockfile import FLASH_LOCK, wheel_url
 from builder.model.matrix import Entry
-from builder.steps import lock
 
 DOCKER_HUB = "https://registry-1.docker.io/v2/"
 Probe = Callable[[str], str | None]  # url -> None when something answered, else why not
@@ -66,22 +66,9 @@ def registry_url(ref: str) -> str:
     return DOCKER_HUB
 
 
-def wheel_url(url: str, mirror: str | None) -> str:
-    """The flash-attn wheel URL, or the same file name under a mirror directory."""
-    return f"{mirror.rstrip('/')}/{url.rsplit('/', 1)[1]}" if mirror else url
-
-
-def rewrite_flash_lock(text: str, mirror: str | None) -> str:
-    """flash-attn.lock pointing at the mirror: same file name, same --hash, so pip still checks the bytes."""
-    if not mirror:
-        return text
-    return re.sub(r"^(flash-attn @ )(\S+)", lambda m: m.group(1) + wheel_url(m.group(2), mirror), text, flags=re.M)
-
-
-def sources(entry: Entry, out_dir: Path, *, base_image: str | None = None, index_url: str | None = None,
-            apt_mirror: str | None = None, flash_attn_mirror: str | None = None) -> list[list[Source]]:
+def sources(entry: Entry, inputs: Inputs, index_url: str | None = None) -> list[list[Source]]:
     """What the build fetches, each as alternatives (any one answering is enough)."""
-    base = base_image or entry.base
+    base, apt_mirror, flash_attn_mirror = inputs.base_image or entry.base, inputs.apt_mirror, inputs.flash_attn_mirror
     found = [[Source(f"base image registry for {base.split('@', 1)[0]}", registry_url(base),
                      "--base-image REF (a mirror of the same image) or --local-base with a local copy")]]
     index = index_url or os.environ.get("PIP_INDEX_URL") or entry.index_url
@@ -91,8 +78,8 @@ def sources(entry: Entry, out_dir: Path, *, base_image: str | None = None, index
     if archive is not None:
         live = apt_mirror or f"{archive['live']}/{archive['name']}/"
         options = [Source(f"apt archive ({archive['name']})", live, "--apt-mirror URL")]
-        text = (out_dir / lock.APT_LOCK).read_text() if (out_dir / lock.APT_LOCK).exists() else ""
-        snap = lock.SNAPSHOT_RE.search(text)
+        apt_lock = paths.lock_dir(entry) / lockfile.APT_LOCK
+        snap = lockfile.snapshot(apt_lock.read_text(encoding="utf-8")) if apt_lock.is_file() else None
         if snap and not apt_mirror:
             options.append(Source("apt snapshot", f"{snap['url']}/{archive['name']}/{snap['ts']}/", "--apt-mirror URL"))
         found.append(options)
@@ -105,22 +92,21 @@ def sources(entry: Entry, out_dir: Path, *, base_image: str | None = None, index
     return found
 
 
-def preflight(entry: Entry, out_dir: Path, *, probe: Probe = http_probe, image_exists: Callable[[str], bool] =
-              lambda ref: False, local_base: bool = False, base_image: str | None = None,
-              index_url: str | None = None, apt_mirror: str | None = None,
-              flash_attn_mirror: str | None = None) -> dict:
+def preflight(entry: Entry, inputs: Inputs, staged: Path, *, probe: Probe = http_probe,
+              image_exists: Callable[[str], bool] = lambda ref: False, index_url: str | None = None) -> dict:
     """Raise StepFailed (exit 1, committed files), EnvironmentProblem (exit 3, an unreachable source, with
-    the mirror flag) or UserError (exit 2, a declared exception the build cannot get past); else a report."""
-    missing = [name for name in copied_files(out_dir / "Dockerfile") if not (out_dir / name).exists()]
-    problems = [f"{entry.tag}: {out_dir / name} is missing (the Dockerfile copies it)" for name in missing]
-    problems += lock.all_problems(entry, out_dir) if not missing else []
+    the mirror flag) or UserError (exit 2, a declared exception the build cannot get past); else a report.
+    `staged` is the build context (model/context.py): the Dockerfile's COPY sources must all be in it."""
+    missing = [name for name in copied_files(staged / "Dockerfile") if not (staged / name).exists()]
+    problems = [f"{entry.tag}: {name} is missing from {paths.tag_dir(entry)}/ and {paths.lock_dir(entry)}/ "
+                "(the Dockerfile copies it)" for name in missing]
+    problems += lockfile.problems(entry, paths.lock_dir(entry)) if not missing else []
     if problems:
         raise StepFailed("\n".join(problems), "the committed files do not match matrix.yaml: a repository defect")
     checked, unreachable = [], []
-    for options in sources(entry, out_dir, base_image=base_image, index_url=index_url, apt_mirror=apt_mirror,
-                           flash_attn_mirror=flash_attn_mirror):
-        if options[0].what.startswith("base image") and (image_exists(base_image or entry.base) or (
-                local_base and image_exists(entry.base_name))):
+    for options in sources(entry, inputs, index_url=index_url):
+        if options[0].what.startswith("base image") and (image_exists(inputs.base_image or entry.base) or (
+                inputs.local_base and image_exists(entry.base_name))):
             checked.append({"source": options[0].what, "url": "local image", "ok": True})
             continue
         errors = []
@@ -135,9 +121,9 @@ def preflight(entry: Entry, out_dir: Path, *, probe: Probe = http_probe, image_e
                                f"provide a mirror with {options[0].mirror}")
     if unreachable:
         raise EnvironmentProblem("\n".join(unreachable))
-    if lock.FLASH_LOCK in entry.lock_exceptions and entry.pins.get("flash-attn"):
+    if FLASH_LOCK in entry.lock_exceptions and entry.pins.get("flash-attn"):
         raise UserError(f"{entry.tag}: the flash-attn wheel has no sourced sha256 "
-                        f"({entry.lock_exceptions[lock.FLASH_LOCK]}), so the build cannot verify it",
+                        f"({entry.lock_exceptions[FLASH_LOCK]}), so the build cannot verify it",
                         "GitHub answers here: `python -m builder lock TAG` hashes the wheel into flash-attn.lock; "
                         "add a second agreeing source to builder/data/flash-attn-wheels.yaml to drop the exception")
     return {"tag": entry.tag, "checked": checked}

@@ -1,10 +1,11 @@
 """Render each entry into dockerfiles/<tag>/ (step 4): Dockerfile, image.json (the facts file), build-tools.lock.
 
-Everything is rendered in memory first. The whole new tree is then staged beside dockerfiles/ (the old
-tree's other files, such as the locks written by `lock`, copied in) and swapped in by one atomic
-exchange, so a failure, a signal or a kill -9 leaves either the old tree or the new one, never a mix
-across tags; the next run finishes or removes what an interrupted one left. Writers are serialised by a
-flock beside the tree. `check` compares the committed tree with a fresh render (staleness, extra dirs).
+render is the only writer of dockerfiles/ (lock writes locks/): a rendered tag directory holds exactly what
+was rendered. Everything is rendered in memory first; the whole new tree is staged beside dockerfiles/
+and swapped in by one atomic exchange, so a failure, a signal or a kill -9 leaves either the old tree or
+the new one, never a mix across tags; the next run finishes or removes what an interrupted one left.
+Concurrent renders are serialised by a flock beside the tree. `check` compares the committed tree with a
+fresh render (stale or extra files, extra directories).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import contextlib
 import errno
 import json
 import os
-import re
 import shutil
 import signal
 import threading
@@ -32,8 +32,6 @@ OUT_DIR = paths.DOCKERFILES
 FACTS_SCHEMA = 1
 BUILD_TOOLS_LOCK = "build-tools.lock"
 COMPILE_NEW = "compile-new.py"
-# The temp names fsutil.write_atomic makes (mkstemp(prefix=".NAME.")) for the files of a tag directory.
-TEMP_RE = re.compile(r"\.(?:Dockerfile|image\.json|compile-new\.py|[A-Za-z0-9_.-]+\.lock)\.[a-z0-9_]{8}")
 
 
 def _environment() -> jinja2.Environment:
@@ -183,28 +181,24 @@ def recover(out_dir: Path = OUT_DIR) -> list[str]:
             notes.append(f"removed {leftover}, left by an interrupted render")
     if ready.exists():
         ready.unlink()
-    if out_dir.is_dir() and not out_dir.is_symlink():
-        for root, _, files in os.walk(out_dir):
-            for name in files:
-                if TEMP_RE.fullmatch(name):  # fsutil.write_atomic's temp file, orphaned by a kill
-                    (Path(root) / name).unlink()
-                    notes.append(f"removed {Path(root) / name}, a temp file left by an interrupted write")
     return notes
 
 
+def _same(path: Path, text: str) -> bool:
+    try:
+        return path.is_file() and path.read_text(encoding="utf-8") == text
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def _plan(rendered: dict[str, dict[str, str]], out_dir: Path, keep: set[str] | None) -> tuple[list, list]:
-    """(files whose content changes, tag directories to remove). keep=None: keep every directory."""
+    """(files whose content changes or that render no longer writes, tag directories to remove).
+    keep=None: keep every directory."""
     changed = []
     for tag, files in rendered.items():
         base = tag_dir(out_dir, tag)
-        for name, text in files.items():
-            path = base / name
-            try:
-                same = path.is_file() and path.read_text(encoding="utf-8") == text
-            except (OSError, UnicodeDecodeError):
-                same = False
-            if not same:
-                changed.append(path)
+        changed += [base / name for name, text in files.items() if not _same(base / name, text)]
+        changed += sorted(p for p in base.iterdir() if p.name not in files) if base.is_dir() else []
     removed = []
     if keep is not None and out_dir.is_dir():
         removed = sorted(p for p in out_dir.iterdir() if p.is_dir() and p.name not in keep)
@@ -212,34 +206,26 @@ def _plan(rendered: dict[str, dict[str, str]], out_dir: Path, keep: set[str] | N
 
 
 def _stage(rendered: dict[str, dict[str, str]], out_dir: Path, staging: Path, removed: list[Path]) -> None:
-    """The whole new tree in `staging`: the old tree's files (locks!) copied, rendered files written over."""
+    """The whole new tree in `staging`: tags not rendered now copied as they are, rendered ones written."""
     staging.mkdir()
-    if out_dir.is_dir():
-        for source in sorted(out_dir.iterdir()):
-            if source in removed:
-                continue
-            if source.is_dir():
-                for root, _, files in os.walk(source):
-                    rel = Path(root).relative_to(out_dir)
-                    (staging / rel).mkdir(exist_ok=True)
-                    own = rendered.get(rel.name, {}) if len(rel.parts) == 1 else {}
-                    for name in sorted(files):
-                        if TEMP_RE.fullmatch(name) or name in own:
-                            continue  # an orphaned temp file, or a file rendered below
-                        fsutil.copy_file(Path(root) / name, staging / rel / name)
-                        _progress(staging / rel / name)
-            elif not TEMP_RE.fullmatch(source.name):
-                fsutil.copy_file(source, staging / source.name)
+    for source in sorted(out_dir.iterdir()) if out_dir.is_dir() else []:
+        if source in removed or source.name in rendered:
+            continue
+        if source.is_dir():
+            (staging / source.name).mkdir()
+        for path in sorted(source.iterdir()) if source.is_dir() else [source]:
+            target = staging / path.relative_to(out_dir)
+            if path.is_dir():
+                shutil.copytree(path, target, copy_function=fsutil.copy_file)
+            else:
+                fsutil.copy_file(path, target)
+            _progress(target)
     for tag, files in rendered.items():
         base = tag_dir(staging, tag)
-        base.mkdir(exist_ok=True)
+        base.mkdir()
         for name, text in files.items():
             old = tag_dir(out_dir, tag) / name
-            try:
-                same = old.is_file() and old.read_text(encoding="utf-8") == text
-            except (OSError, UnicodeDecodeError):
-                same = False
-            if same:
+            if _same(old, text):
                 fsutil.copy_file(old, base / name)  # unchanged: keep its mtime
             else:
                 fsutil.write_file(base / name, text)
@@ -369,6 +355,10 @@ def check(matrix: Matrix, entries: list[Entry], out_dir: Path = OUT_DIR) -> list
     """Problems between the committed tree and a fresh render (empty when up to date)."""
     problems = []
     for tag, files in render_all(entries).items():
+        folder = tag_dir(out_dir, tag)
+        problems += [f"{p}: render does not write this file (locks live in {paths.LOCKS}/{tag}/) — remove it or run "
+                     f"`python -m builder render {tag}`" for p in (sorted(folder.iterdir()) if folder.is_dir() else [])
+                     if p.name not in files]
         for name, text in files.items():
             path = tag_dir(out_dir, tag) / name
             try:

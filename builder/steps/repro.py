@@ -11,7 +11,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from importlib import resources
 
@@ -20,7 +20,9 @@ import yaml
 from builder import log, reports
 from builder.boundary import buildkit, engine
 from builder.errors import EnvironmentProblem, StepFailed, UserError
-from builder.model import paths
+from builder.model import context, paths
+from builder.model.inputs import Inputs
+from builder.model.inputs import add_arguments as add_input_arguments
 from builder.steps import Done, manifest
 
 REPORT_CAP = 500
@@ -48,24 +50,20 @@ DEFAULT_ALL = False
 
 @dataclass(frozen=True)
 class Options:
-    local_base: bool = False
-    base_image: str | None = None
-    apt_mirror: str | None = None
-    ca_bundle: str | None = None
+    inputs: Inputs = field(default_factory=Inputs)  # the same inputs the image was built with (same flags)
     keep: bool = False
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--local-base", action="store_true", help="as for build: prefer a local copy of the base")
-    p.add_argument("--base-image", metavar="REF", help="as for build: use this base reference (a mirror)")
-    p.add_argument("--apt-mirror", metavar="URL", help="as for build")
-    p.add_argument("--ca-bundle", metavar="PATH", help="as for build")
     p.add_argument("--keep", action="store_true", help=f"keep the rebuilt image (<image>:<tag>{paths.REPRO_SUFFIX})")
+    add_input_arguments(p)
 
 
-def prepare(entries, options: Options) -> None:
+def prepare(entries, options: Options) -> Options:
+    resolved = options.inputs.resolved()
     engine.sdk()
     engine.client()
+    return replace(options, inputs=resolved)
 
 
 # --- comparison ----------------------------------------------------------------------------------------
@@ -191,16 +189,16 @@ def rebuild(entry, options: Options) -> dict:
     if existing is None:
         raise UserError(f"{original} is not here: nothing to compare with",
                         f"build it first: `python -m builder build {entry.tag}`")
-    context = buildkit.stage_context(entry, root=paths.CONTEXT_ROOT / "repro")
-    spec = buildkit.spec(entry, context=context, ref=paths.repro_ref(entry), base_image=options.base_image,
-                         local_base=options.local_base, apt_mirror=options.apt_mirror, no_cache=True)
+    staged = context.stage(entry, options.inputs, root=paths.CONTEXT_ROOT / "repro")
+    spec = buildkit.spec(entry, options.inputs, context=staged, ref=paths.repro_ref(entry), no_cache=True)
     digest = buildkit.input_hash(spec)
     if existing.labels.get(f"{buildkit.LABEL_PREFIX}.input-hash") != digest:
-        raise UserError(f"{original} was built from other inputs than these (dockerfiles/{entry.tag}/, smoke/, flags)",
-                        f"rebuild it first with the same flags: `python -m builder build {entry.tag}`")
-    facts = json.loads((context / "image.json").read_text())
+        raise UserError(f"{original} was built from other inputs than these (dockerfiles/{entry.tag}/, "
+                        f"locks/{entry.tag}/, smoke/, flags)",
+                        f"give repro the flags the build had, or rebuild: `python -m builder build {entry.tag}`")
+    facts = json.loads((staged / "image.json").read_text())
     started = time.monotonic()
-    code, output, _ = buildkit.run(spec, buildkit.labels(spec, facts, digest), options.ca_bundle)
+    code, output, _ = buildkit.run(spec, buildkit.labels(spec, facts, digest), options.inputs)
     if code != 0:
         message, hint, environmental = buildkit.explain_failure(output)
         raise (EnvironmentProblem if environmental else StepFailed)(f"{entry.tag}: the repro build failed: {message}",

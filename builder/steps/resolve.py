@@ -16,29 +16,9 @@ from pathlib import Path
 from builder import log
 from builder.errors import CompatError, EnvironmentProblem
 from builder.model.compat import uses_pypi
+from builder.model.lockfile import PLATFORM, parse_pins, requirement_lines
 from builder.model.matrix import Entry
 from builder.steps import Done
-
-# Linux x86_64 with glibc 2.28+: Debian 12 (2.36), Ubuntu 22.04 (2.35) and 24.04 (2.39) all qualify.
-PLATFORM = "x86_64-manylinux_2_28"
-# Always in the image: ninja lets torch/DeepSpeed JIT-build C++ ops; setuptools builds sdists (DeepSpeed).
-TOOLING = ("ninja", "setuptools")
-
-
-def requirement_lines(entry: Entry) -> list[str]:
-    """The resolver input. `transformers[torch]` makes transformers' own torch minimum count."""
-    lines = []
-    for name, version in entry.pins.items():
-        if version is None or name == "flash-attn":
-            # flash-attn's PyPI release is an sdist that downloads a GitHub wheel at build time; it is
-            # installed from that wheel directly (see the Dockerfile), so it stays out of the resolution.
-            continue
-        extra = "[torch]" if name == "transformers" else ""
-        lines.append(f"{name}{extra}=={version}")
-    if entry.pins.get("flash-attn"):
-        lines.append("einops")  # flash-attn's only runtime dependency besides torch
-    lines.extend(TOOLING)
-    return lines
 
 
 def _uv() -> str:
@@ -99,20 +79,6 @@ def _explain(stderr: str) -> str:
 def _is_network(stderr: str) -> bool:
     return any(s in stderr for s in ("Failed to fetch", "dns error", "Connection refused", "certificate",
                                      "timed out", "error sending request"))
-
-
-def parse_pins(compiled: str) -> dict[str, str]:
-    """name -> version for every `name==version` line of a compiled requirements text."""
-    pins = {}
-    for line in compiled.splitlines():
-        m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;\\]+)", line)
-        if m:
-            pins[canonical(m.group(1))] = m.group(2)
-    return pins
-
-
-def canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def resolve(entry: Entry) -> dict[str, str]:

@@ -9,6 +9,8 @@ import sys
 import pytest
 
 from builder.boundary import buildkit
+from builder.model import context
+from builder.model.inputs import Inputs
 from tests.conftest import ROOT
 
 SAMPLES = {
@@ -66,7 +68,9 @@ def test_secrets_go_to_files_never_argv(monkeypatch, tmp_path):
     bundle = tmp_path / "ca.pem"
     bundle.write_text("-----BEGIN CERTIFICATE-----\nX\n-----END CERTIFICATE-----\n")
     monkeypatch.setattr(buildkit.engine, "client", lambda: buildkit.engine.Client("/usr/bin/docker", "legacy"))
-    with buildkit.secret_files(str(bundle), environ={"PIP_INDEX_URL": token}) as (secrets, values):
+    inputs = Inputs(ca_bundle=str(bundle)).resolved(environ={"PIP_INDEX_URL": token})
+    values = inputs.secret_values
+    with buildkit.secret_files(inputs) as secrets:
         assert values == [token]
         argv = buildkit.argv(_spec(tmp_path), secrets, {"io.train-images.tag": "t"})
         secret_file = secrets["pip_index_url"]
@@ -82,21 +86,22 @@ def test_missing_ca_bundle_is_a_user_error(monkeypatch):
     from builder.errors import UserError
 
     with pytest.raises(UserError, match="does not exist"):
-        with buildkit.secret_files("/nonexistent/ca.pem", environ={}):
-            pass
+        Inputs(ca_bundle="/nonexistent/ca.pem").resolved(environ={})
+    with pytest.raises(UserError, match="does not exist"):
+        Inputs().resolved(environ={"SSL_CERT_FILE": "/nonexistent/ca.pem"})
 
 
 def test_context_hash_covers_content_and_mode(tmp_path):
     (tmp_path / "a").write_text("1")
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "b").write_text("2")
-    first = buildkit.context_hash(tmp_path)
-    assert buildkit.context_hash(tmp_path) == first
+    first = context.digest(tmp_path)
+    assert context.digest(tmp_path) == first
     (tmp_path / "sub" / "b").write_text("3")
-    second = buildkit.context_hash(tmp_path)
+    second = context.digest(tmp_path)
     assert second != first
     os.chmod(tmp_path / "a", 0o755)
-    assert buildkit.context_hash(tmp_path) != second
+    assert context.digest(tmp_path) != second
 
 
 @pytest.mark.parametrize("change", [

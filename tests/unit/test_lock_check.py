@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from builder.errors import StepFailed, UserError
-from builder.model import compat, matrix
+from builder.model import compat, lockfile, matrix
 from builder.steps import lock
 from tests.conftest import ROOT, run_cli
 
@@ -23,9 +23,10 @@ EXC_TAG = "cu121-torch2.3"         # declared exceptions: apt (base not runnable
 
 @pytest.fixture
 def repo(tmp_path, monkeypatch):
-    """The real matrix and committed dockerfiles/, copied; cwd is the copy."""
+    """The real matrix and committed dockerfiles/ and locks/, copied; cwd is the copy."""
     shutil.copy(ROOT / "matrix.yaml", tmp_path / "matrix.yaml")
     shutil.copytree(ROOT / "dockerfiles", tmp_path / "dockerfiles")
+    shutil.copytree(ROOT / "locks", tmp_path / "locks")
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -53,39 +54,39 @@ def test_real_repository_check_from_a_subprocess():
                                       (FA_TAG, "flash-attn.lock"), (EXC_TAG, "flash-attn.lock"),
                                       (EXC_TAG, "apt.lock")])
 def test_a_deleted_lock_fails_naming_tag_and_file(repo, capsys, tag, name):
-    (repo / "dockerfiles" / tag / name).unlink()
+    (repo / "locks" / tag / name).unlink()
     code, err = check(capsys)
     assert code == 1
-    assert f"error: {tag}: dockerfiles/{tag}/{name} is missing" in err
+    assert f"error: {tag}: locks/{tag}/{name} is missing" in err
 
 
 def test_an_unpinned_apt_lock_fails(repo, capsys):
-    path = repo / "dockerfiles" / CI_TAG / "apt.lock"
+    path = repo / "locks" / CI_TAG / "apt.lock"
     path.write_text(path.read_text().replace("g++=4:12.2.0-3\n", "g++\n"))
     code, err = check(capsys, CI_TAG)
     assert code == 1
-    assert f"{CI_TAG}: dockerfiles/{CI_TAG}/apt.lock has unpinned packages: g++" in err
+    assert f"{CI_TAG}: locks/{CI_TAG}/apt.lock has unpinned packages: g++" in err
 
 
 def test_an_apt_lock_without_snapshot_fails(repo, capsys):
-    path = repo / "dockerfiles" / CI_TAG / "apt.lock"
+    path = repo / "locks" / CI_TAG / "apt.lock"
     path.write_text("".join(line for line in path.read_text().splitlines(keepends=True)
                             if not line.startswith("# snapshot:")))
     code, err = check(capsys, CI_TAG)
-    assert code == 1 and f"dockerfiles/{CI_TAG}/apt.lock records no archive snapshot" in err
+    assert code == 1 and f"locks/{CI_TAG}/apt.lock records no archive snapshot" in err
 
 
 def test_an_unhashed_flash_attn_lock_fails(repo, capsys):
-    path = repo / "dockerfiles" / FA_TAG / "flash-attn.lock"
+    path = repo / "locks" / FA_TAG / "flash-attn.lock"
     path.write_text("".join(line.replace(" \\", "") for line in path.read_text().splitlines(keepends=True)
                             if "--hash=" not in line))
     code, err = check(capsys, FA_TAG)
     assert code == 1
-    assert f"{FA_TAG}: dockerfiles/{FA_TAG}/flash-attn.lock is unpinned" in err
+    assert f"{FA_TAG}: locks/{FA_TAG}/flash-attn.lock is unpinned" in err
 
 
 def test_an_unhashed_python_lock_fails(repo, capsys):
-    path = repo / "dockerfiles" / CI_TAG / "requirements.lock"
+    path = repo / "locks" / CI_TAG / "requirements.lock"
     lines = path.read_text().splitlines(keepends=True)
     first = lines.index("peft==0.21.2 \\\n")
     last = first + 1
@@ -93,7 +94,7 @@ def test_an_unhashed_python_lock_fails(repo, capsys):
         last += 1
     path.write_text("".join(lines[:first] + ["peft==0.21.2\n"] + lines[last:]))
     code, err = check(capsys, CI_TAG)
-    assert code == 1 and f"dockerfiles/{CI_TAG}/requirements.lock is unpinned: peft has no hash" in err
+    assert code == 1 and f"locks/{CI_TAG}/requirements.lock is unpinned: peft has no hash" in err
 
 
 def test_a_pin_changed_in_the_matrix_makes_the_python_lock_stale(repo, capsys):
@@ -102,7 +103,7 @@ def test_a_pin_changed_in_the_matrix_makes_the_python_lock_stale(repo, capsys):
     (repo / "matrix.yaml").write_text(text.replace(tail, tail.replace("peft: 0.21.2", "peft: 0.21.1")))
     code, err = check(capsys, CI_TAG)
     assert code == 1
-    assert f"dockerfiles/{CI_TAG}/requirements.lock is stale: it has peft==0.21.2, the matrix 0.21.1" in err
+    assert f"locks/{CI_TAG}/requirements.lock is stale: it has peft==0.21.2, the matrix 0.21.1" in err
 
 
 def test_a_base_changed_in_the_matrix_makes_apt_lock_stale(repo, capsys):
@@ -110,7 +111,7 @@ def test_a_base_changed_in_the_matrix_makes_apt_lock_stale(repo, capsys):
     (repo / "matrix.yaml").write_text(text.replace("3783cc01769c7b2b1b83a5c5ad96c815348e28ed7da68e2e3687004faa906251",
                                                    "0" * 64))
     code, err = check(capsys, CI_TAG)
-    assert code == 1 and f"dockerfiles/{CI_TAG}/apt.lock is stale: it was made for another base" in err
+    assert code == 1 and f"locks/{CI_TAG}/apt.lock is stale: it was made for another base" in err
 
 
 def test_a_flash_attn_version_change_makes_its_lock_stale(repo, capsys):
@@ -120,7 +121,7 @@ def test_a_flash_attn_version_change_makes_its_lock_stale(repo, capsys):
                                                                       "flash-attn: 2.8.3.post1\n", 1)))
     code, err = check(capsys, FA_TAG)
     assert code == 1
-    assert f"dockerfiles/{FA_TAG}/flash-attn.lock is stale: it does not pin https://github.com/Dao-AILab/" \
+    assert f"locks/{FA_TAG}/flash-attn.lock is stale: it does not pin https://github.com/Dao-AILab/" \
            "flash-attention/releases/download/v2.8.3.post1/" in err
 
 
@@ -131,8 +132,8 @@ def test_removing_an_exception_makes_the_unpinned_lock_fail(repo, capsys):
     (repo / "matrix.yaml").write_text(text[:begin] + text[text.index("\n\n", begin) + 1:])
     code, err = check(capsys, EXC_TAG)
     assert code == 1
-    assert f"{EXC_TAG}: dockerfiles/{EXC_TAG}/apt.lock has unpinned packages" in err
-    assert f"{EXC_TAG}: dockerfiles/{EXC_TAG}/flash-attn.lock is unpinned" in err
+    assert f"{EXC_TAG}: locks/{EXC_TAG}/apt.lock has unpinned packages" in err
+    assert f"{EXC_TAG}: locks/{EXC_TAG}/flash-attn.lock is unpinned" in err
 
 
 def test_an_exception_for_a_complete_lock_is_itself_stale(repo, capsys):
@@ -141,13 +142,13 @@ def test_an_exception_for_a_complete_lock_is_itself_stale(repo, capsys):
     extra = tail.replace("    ci: true\n", '    ci: true\n    lock_exceptions: {apt.lock: "not needed"}\n')
     (repo / "matrix.yaml").write_text(text.replace(tail, extra))
     code, err = check(capsys, CI_TAG)
-    assert code == 1 and f"dockerfiles/{CI_TAG}/apt.lock is pinned: remove its lock_exceptions entry" in err
+    assert code == 1 and f"locks/{CI_TAG}/apt.lock is pinned: remove its lock_exceptions entry" in err
 
 
 def test_exceptions_are_data_for_the_catalog():
     entries = matrix.load(ROOT / "matrix.yaml").by_tag()
-    assert lock.exceptions(entries[CI_TAG]) == []
-    assert [line.split(":", 1)[0] for line in lock.exceptions(entries[EXC_TAG])] == ["apt.lock", "flash-attn.lock"]
+    assert lockfile.exceptions(entries[CI_TAG]) == []
+    assert [line.split(":", 1)[0] for line in lockfile.exceptions(entries[EXC_TAG])] == ["apt.lock", "flash-attn.lock"]
 
 
 def test_an_exception_must_name_an_exceptable_lock(repo, capsys):
@@ -168,7 +169,7 @@ def test_lock_keeps_the_sourced_hash_where_github_is_unreachable(tmp_path):
     entry = matrix.load(ROOT / "matrix.yaml").by_tag()[FA_TAG]
     assert lock._lock_flash_attn(entry, tmp_path, fetch=_unreachable) == "locked"
     text = (tmp_path / lock.FLASH_LOCK).read_text()
-    assert text == (ROOT / "dockerfiles" / FA_TAG / lock.FLASH_LOCK).read_text()
+    assert text == (ROOT / "locks" / FA_TAG / lock.FLASH_LOCK).read_text()
     assert text.count("# sha256 source: ") >= 2
 
 
@@ -213,3 +214,36 @@ def test_a_flash_attn_exception_only_where_the_wheel_has_no_sourced_hash():
             continue
         url = compat.derive(entry)["flash_attn_wheel"]
         assert (url in recorded) != (lock.FLASH_LOCK in entry.lock_exceptions), (entry.tag, url)
+
+
+TRIXIE_TAG = "cu124-torch2.6-trixie"  # nvcc from Debian's archive: ops-apt.lock
+
+
+@pytest.mark.parametrize("tag,name", [(CI_TAG, "nvcc.lock"), (TRIXIE_TAG, "ops-apt.lock"), (CI_TAG, "ops.lock"),
+                                      (CI_TAG, "deepspeed.lock")])
+def test_a_missing_toolchain_lock_fails(repo, capsys, tag, name):
+    """Every lock the Dockerfile copies is checked, the ops stage's included (a build would stop at COPY)."""
+    (repo / "locks" / tag / name).unlink()
+    code, err = check(capsys, tag)
+    assert code == 1 and f"error: {tag}: locks/{tag}/{name} is missing" in err
+
+
+def test_an_nvcc_lock_made_for_another_python_is_stale(repo, capsys):
+    path = repo / "locks" / CI_TAG / "nvcc.lock"
+    path.write_text(path.read_text().replace(" python=3.11 ", " python=3.12 "))
+    code, err = check(capsys, CI_TAG)
+    assert code == 1 and f"locks/{CI_TAG}/nvcc.lock is stale: it was not made for cuda-toolkit[nvcc,cccl]==" in err
+
+
+def test_an_ops_apt_lock_made_for_another_base_is_stale(repo, capsys):
+    path = repo / "locks" / TRIXIE_TAG / "ops-apt.lock"
+    path.write_text(path.read_text().replace("# base: debian:trixie-slim@", "# base: debian:bookworm-slim@"))
+    code, err = check(capsys, TRIXIE_TAG)
+    assert code == 1 and f"locks/{TRIXIE_TAG}/ops-apt.lock is stale: it was made for another base" in err
+
+
+def test_a_toolchain_lock_the_entry_does_not_use_is_stale(repo, capsys):
+    shutil.copy(repo / "locks" / CI_TAG / "nvcc.lock", repo / "locks" / TRIXIE_TAG / "nvcc.lock")
+    code, err = check(capsys, TRIXIE_TAG)
+    assert code == 1 and f"locks/{TRIXIE_TAG}/nvcc.lock is stale: this entry's toolchain does not use it" in err
+

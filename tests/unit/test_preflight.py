@@ -4,12 +4,14 @@ does not answer. The probe is injected: these tests use the real matrix and dock
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 
 from builder.errors import EnvironmentProblem, StepFailed, UserError
-from builder.model import matrix
-from builder.steps import lock, preflight
+from builder.model import context, lockfile, matrix
+from builder.model.inputs import Inputs
+from builder.steps import preflight
 from tests.conftest import ROOT
 
 ENTRIES = matrix.load(ROOT / "matrix.yaml").by_tag()
@@ -28,11 +30,22 @@ def probe_down(*hosts: str):
     return probe
 
 
-def run(entry, tmp_path=None, **kw):
-    out = tmp_path / entry.tag if tmp_path else ROOT / "dockerfiles" / entry.tag
-    if tmp_path:
-        shutil.copytree(ROOT / "dockerfiles" / entry.tag, out)
-    return preflight.preflight(entry, out, **kw)
+INPUT_FIELDS = ("local_base", "base_image", "apt_mirror", "flash_attn_mirror")
+
+
+@pytest.fixture(autouse=True)
+def repo(tmp_path, monkeypatch):
+    """A copy of the committed dockerfiles/, locks/ and smoke/; cwd is the copy (the build context's sources)."""
+    for name in ("dockerfiles", "locks", "smoke"):
+        shutil.copytree(ROOT / name, tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def run(entry, **kw):
+    inputs = Inputs(**{k: kw.pop(k) for k in INPUT_FIELDS if k in kw})
+    staged = context.stage(entry, inputs, root=Path("build/context"))
+    return preflight.preflight(entry, inputs, staged, **kw)
 
 
 def test_ci_entry_with_everything_reachable_passes_and_reports_what_it_checked():
@@ -78,8 +91,8 @@ def test_flash_attn_mirror_keeps_the_file_name_and_the_hash():
     run(FA, probe=probe, flash_attn_mirror="http://wheels.local/fa/")
     wanted = "http://wheels.local/fa/flash_attn-2.8.3+cu12torch2.8cxx11abiTRUE-cp312-cp312-linux_x86_64.whl"
     assert wanted in probe.asked
-    text = (ROOT / "dockerfiles" / FA.tag / lock.FLASH_LOCK).read_text()
-    rewritten = preflight.rewrite_flash_lock(text, "http://wheels.local/fa")
+    text = (ROOT / "locks" / FA.tag / lockfile.FLASH_LOCK).read_text()
+    rewritten = lockfile.rewrite_flash_lock(text, "http://wheels.local/fa")
     assert f"flash-attn @ {wanted} \\\n" in rewritten
     assert "--hash=sha256:f25da18657a87fc83dc1bfb8b7751b82246e9db355510226b674fd437c34b5fb" in rewritten
 
@@ -116,31 +129,31 @@ def test_a_declared_flash_attn_exception_stops_reachable_builds_with_its_reason(
     assert "cu121-torch2.3: the flash-attn wheel has no sourced sha256 (no two public sources" in exc.value.message
 
 
-def test_a_file_the_dockerfile_copies_is_missing(tmp_path):
-    out = tmp_path / CI.tag
-    shutil.copytree(ROOT / "dockerfiles" / CI.tag, out)
-    (out / "image.json").unlink()
+@pytest.mark.parametrize("where,name", [("dockerfiles", "image.json"), ("locks", "ops.lock")])
+def test_a_file_the_dockerfile_copies_is_missing(repo, where, name):
+    (repo / where / CI.tag / name).unlink()
     with pytest.raises(StepFailed) as exc:
-        preflight.preflight(CI, out, probe=probe_down())
-    assert f"{out / 'image.json'} is missing (the Dockerfile copies it)" in exc.value.message
+        run(CI, probe=probe_down())
+    assert (f"{CI.tag}: {name} is missing from dockerfiles/{CI.tag}/ and locks/{CI.tag}/ (the Dockerfile copies it)"
+            in exc.value.message)
 
 
-def test_a_stale_lock_stops_before_any_probe(tmp_path):
-    out = tmp_path / CI.tag
-    shutil.copytree(ROOT / "dockerfiles" / CI.tag, out)
-    (out / lock.APT_LOCK).write_text((out / lock.APT_LOCK).read_text().replace("g++=4:12.2.0-3", "g++"))
+def test_a_stale_lock_stops_before_any_probe(repo):
+    path = repo / "locks" / CI.tag / lockfile.APT_LOCK
+    path.write_text(path.read_text().replace("g++=4:12.2.0-3", "g++"))
     probe = probe_down()
     with pytest.raises(StepFailed) as exc:
-        preflight.preflight(CI, out, probe=probe)
+        run(CI, probe=probe)
     assert "apt.lock has unpinned packages: g++" in exc.value.message and probe.asked == []
 
 
 def test_every_committed_dockerfile_copies_only_files_that_exist():
-    for tag in ENTRIES:
-        out = ROOT / "dockerfiles" / tag
-        names = preflight.copied_files(out / "Dockerfile")
+    """What render and lock committed together make a complete build context for every entry."""
+    for tag, entry in ENTRIES.items():
+        staged = context.stage(entry, Inputs(), root=Path("build/context"))
+        names = preflight.copied_files(staged / "Dockerfile")
         assert {"apt.lock", "torch.lock", "requirements.lock", "image.json"} <= set(names)
-        assert all((out / name).exists() for name in names), tag
+        assert all((staged / name).exists() for name in names), tag
 
 
 def test_registry_of_a_reference():
