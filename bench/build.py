@@ -170,19 +170,19 @@ def entry_of(work: Path, tag: str):
 
 def naive(work: Path, tag: str) -> tuple[float, list[str], str]:
     e, tc = entry_of(work, tag)
-    from builder.steps import lock
+    from builder.model import lockfile
 
     if tc["nvcc"]["kind"] != "pypi":
         sys.exit(f"the naive baseline gets nvcc from PyPI; {tag} takes it from {tc['nvcc']['kind']}")
     pins = " ".join(f"{n}=={v}" for n, v in e.pins.items() if v and n not in ("torch", "flash-attn"))
-    nvcc_lock = (work / "dockerfiles" / tag / lock.NVCC_LOCK).read_text()
+    nvcc_lock = (work / "locks" / tag / lockfile.NVCC_LOCK).read_text()
     nvcc_pins = " ".join(re.findall(r"^([A-Za-z0-9_.\[\],-]+==[^ \\\n]+)", nvcc_lock, re.M))
     ctx = work / "naive"
     ctx.mkdir(exist_ok=True)
     shutil.copytree(work / "smoke", ctx / "smoke", dirs_exist_ok=True)
     (ctx / "Dockerfile").write_text(NAIVE.format(
         base=e.base_name, py=e.python, pins=pins, torch=e.torch, nvcc_pins=nvcc_pins, cuda_home=tc["cuda_home"],
-        arch_list=tc["arch_list"], os_packages=" ".join(lock.os_packages(e))))
+        arch_list=tc["arch_list"], os_packages=" ".join(lockfile.os_packages(e))))
     ref = NAIVE_REF.format(tag=tag)
     argv = [DOCKER, "build", "--progress=plain", "--network=host", "-t", ref]
     ca = os.environ.get("PIP_CERT") or os.environ.get("SSL_CERT_FILE")
@@ -249,8 +249,9 @@ def main() -> None:
 
     if not args.skip_naive:
         (work / "matrix.yaml").write_text(pristine)
-        shutil.rmtree(work / "dockerfiles")
-        shutil.copytree(ROOT / "dockerfiles", work / "dockerfiles")
+        for generated in ("dockerfiles", "locks"):
+            shutil.rmtree(work / generated)
+            shutil.copytree(ROOT / generated, work / generated)
         cold_reset(args.tag)
         for phase in ("cold", "warm") if args.skip_naive_pin else ("cold", "warm", "one pin changed"):
             if phase == "one pin changed":

@@ -10,7 +10,15 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
-from tests.integration.images import CI_TAG, CI_TAG_CUDA12, canary_bundle, docker_available
+from tests.integration.images import (
+    BASE_MIRROR,
+    CI_TAG,
+    CI_TAG_CUDA12,
+    DOCKER,
+    MIRROR_FLAGS,
+    canary_bundle,
+    docker_available,
+)
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +41,8 @@ def ci_build(require_docker, tmp_path_factory):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("PIP_INDEX_URL", None)
     flags = [] if fast else ["--no-cache", "--force"]
-    proc = subprocess.run([sys.executable, "-m", "builder", "build", CI_TAG, "--local-base", *flags,
+    subprocess.run([DOCKER, "tag", "debian:bookworm-slim", BASE_MIRROR], check=True, capture_output=True)
+    proc = subprocess.run([sys.executable, "-m", "builder", "build", CI_TAG, *MIRROR_FLAGS, *flags,
                            "--ca-bundle", str(bundle)], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=3000)
     log = proc.stdout + proc.stderr

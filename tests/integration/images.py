@@ -9,6 +9,13 @@ from pathlib import Path
 import pytest
 
 CI_TAG = "cu130-torch2.13-bookworm"
+# The CI entry is built the way a user behind mirrors builds it: the base through a mirror reference (a local
+# copy of the base tagged under a mirror's name), apt through a mirror URL (the archive itself, named as the
+# mirror), flash-attn through a wheel mirror (unused by this entry: it has no flash-attn). repro must rebuild it
+# from the same flags (`mirror_flags()`), as a user's repro would.
+BASE_MIRROR = "mirror.local:5000/library/debian:bookworm-slim"
+MIRROR_FLAGS = ("--base-image", BASE_MIRROR, "--apt-mirror", "http://deb.debian.org/debian",
+                "--flash-attn-mirror", "http://127.0.0.1:9/flash-attn")
 CI_TAG_CUDA12 = "cu124-torch2.6-trixie"  # the CUDA 12 line CI builds and gates (nvcc from Debian 13)
 DOCKER = "/usr/bin/docker"
 

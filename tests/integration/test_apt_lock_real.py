@@ -15,7 +15,7 @@ from tests.conftest import ROOT
 from tests.integration.images import CI_TAG, DOCKER
 
 BASE = "debian:bookworm-slim"
-LOCK = ROOT / "dockerfiles" / CI_TAG / "apt.lock"
+LOCK = ROOT / "locks" / CI_TAG / "apt.lock"
 # A deb822 source like the published debian:bookworm-slim has (the local debootstrap base has sources.list).
 DEB822 = "Types: deb\nURIs: http://deb.debian.org/debian-security\nSuites: bookworm-security\nComponents: main\n"
 

@@ -13,7 +13,7 @@ import pytest
 from builder import reports
 from builder.boundary import inspect as verify
 from tests.conftest import ROOT
-from tests.integration.images import CI_TAG, DOCKER, default_sigint, derived_image, need_full_build
+from tests.integration.images import CI_TAG, DOCKER, MIRROR_FLAGS, default_sigint, derived_image, need_full_build
 
 pytestmark = pytest.mark.docker
 IMAGE = f"ghcr.io/train-images/train:{CI_TAG}"
@@ -94,7 +94,7 @@ def test_no_secret_in_layers_history_config_or_log(ci_build, tmp_path):
 
 
 def test_second_build_with_unchanged_inputs_is_skipped(ci_build):
-    proc = subprocess.run([sys.executable, "-m", "builder", "build", CI_TAG, "--local-base"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "builder", "build", CI_TAG, *MIRROR_FLAGS], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads((ROOT / "build/reports" / f"{CI_TAG}.build.json").read_text())
@@ -174,7 +174,7 @@ def test_a_foreign_image_under_the_name_is_never_skipped_to(ci_build, tmp_path):
     assert inspect(foreign)["Config"]["Labels"]["io.train-images.input-hash"] == ci_build["report"]["input_hash"]
     subprocess.run([DOCKER, "tag", foreign, IMAGE], check=True)
     try:
-        started, output = _starts_a_real_build(["--local-base"])
+        started, output = _starts_a_real_build(list(MIRROR_FLAGS))
         assert started, "an image this builder did not build must not be skipped to: " + output[-1500:]
     finally:
         subprocess.run([DOCKER, "tag", original, IMAGE], check=True)

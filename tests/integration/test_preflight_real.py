@@ -8,7 +8,8 @@ import subprocess
 import pytest
 
 from builder.errors import EnvironmentProblem
-from builder.model import matrix
+from builder.model import context, matrix
+from builder.model.inputs import Inputs
 from builder.steps import preflight
 from tests.conftest import ROOT
 from tests.integration.images import DOCKER
@@ -22,9 +23,10 @@ def image_exists(ref: str) -> bool:
 @pytest.mark.docker
 def test_every_tag_passes_or_names_each_unreachable_source(require_docker):
     for entry in matrix.load(ROOT / "matrix.yaml").entries:
-        out = ROOT / "dockerfiles" / entry.tag
+        inputs = Inputs(local_base=True)
+        staged = context.stage(entry, inputs, root=ROOT / "build" / "context" / "preflight")
         try:
-            report = preflight.preflight(entry, out, local_base=True, image_exists=image_exists)
+            report = preflight.preflight(entry, inputs, staged, image_exists=image_exists)
         except EnvironmentProblem as exc:
             assert not entry.ci, exc.message
             for line in exc.message.splitlines():

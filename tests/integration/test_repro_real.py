@@ -9,7 +9,7 @@ import pytest
 from builder import reports
 from builder.steps import repro
 from tests.conftest import ROOT, run_cli
-from tests.integration.images import CI_TAG, build_small
+from tests.integration.images import CI_TAG, MIRROR_FLAGS, build_small
 from tests.unit.test_repro import PLANTED
 
 
@@ -29,9 +29,10 @@ def test_planted_nondeterminism_is_caught_with_the_file_named(require_docker, tm
 
 @pytest.mark.docker
 def test_real_repro_of_the_ci_entry(ci_build, monkeypatch):
-    """Two from-scratch builds of the CI entry (ci_build is one; repro makes the other) agree in content."""
+    """Two from-scratch builds of the CI entry (ci_build is one, built through a base mirror, an apt mirror
+    and a flash-attn mirror; repro makes the other from the same flags) agree in content."""
     monkeypatch.chdir(ROOT)
-    assert run_cli("--matrix", str(ROOT / "matrix.yaml"), "repro", CI_TAG, "--local-base") == 0
+    assert run_cli("--matrix", str(ROOT / "matrix.yaml"), "repro", CI_TAG, *MIRROR_FLAGS) == 0
     report = json.loads((ROOT / "build/reports" / f"{CI_TAG}.repro.json").read_text())
     assert reports.problems("repro", report) == []
     assert report["result"] == "reproducible", json.dumps(report["unexplained"][:20], indent=1)

@@ -57,7 +57,7 @@ def test_a_relock_keeps_the_committed_versions_and_moves_only_the_changed_pin(pr
     from tests.conftest import ROOT
 
     tag = "cu130-torch2.13-bookworm"
-    committed = ROOT / "dockerfiles" / tag
+    committed = ROOT / "locks" / tag
     out = tmp_path / tag
     out.mkdir()
     for name in (lock.TORCH_LOCK, lock.LOCK, lock.OPS_LOCK, lock.DEEPSPEED_LOCK, lock.NVCC_LOCK):

@@ -8,7 +8,6 @@ import pytest
 
 from builder import cli
 from builder.boundary import baseimage, buildkit
-from builder.errors import UserError
 from builder.model import context, lockfile, matrix, paths
 from builder.model.inputs import Inputs
 from builder.steps import build, lock, repro

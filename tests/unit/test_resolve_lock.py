@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from builder.model import matrix
-from builder.model import lockfile
+from builder.model import lockfile, matrix
 from builder.steps import lock
 from tests.conftest import ROOT
 
