@@ -1,4 +1,5 @@
-"""Atomic file writes: a reader (or a crash) never sees a half-written artifact."""
+"""Atomic file writes (a reader, or a crash, never sees a half-written artifact) and the flocks that keep
+one process per tag and one writer per generated tree."""
 
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
-"""python -m smoke {env,train,nccl,all} [--cpu] [--out DIR] [--steps N] [--timeout SECONDS]
+"""python -m smoke {env,ops,compile,train,nccl,all} [--cpu] [--out DIR] [--steps N] [--only LIST] [--timeout SECONDS]
 
 A single check runs in this process (train/nccl start their ranks from here) and writes
 DIR/<check>.json.  `all` runs each check as a child process with its own hard timeout, so
 a hang or a crash (segfault in a CUDA library) costs only that check, then writes
-DIR/all.json.  Exit status 0 iff everything passed.
+DIR/all.json (with `--only`, the checks left out are listed as not run).  Exit status 0 iff
+everything passed.
 """
 
 import argparse

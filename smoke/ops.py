@@ -4,8 +4,8 @@ Used twice, standard library only (plus deepspeed/torch when asked to load an op
   - at build time, last step of the Dockerfile's ops stage: `python ops.py verify --ops fused_adam,cpu_adam
     --arch-list "7.5;8.0+PTX" --out ops.json` fails the stage when an op is missing, built for another
     accelerator, unloadable, compiled for other GPU archs than asked, or carries AVX-512 code;
-  - in the gate (smoke.env): the same facts, read back from the installed package, under DS_ACCELERATOR=cuda
-    with no compiler on PATH, so a missing op cannot hide behind a JIT build.
+  - in the gate (the `ops` check, `run` below): the same facts, read back from the installed package, under
+    DS_ACCELERATOR=cuda with no compiler on PATH, so a missing op cannot hide behind a JIT build.
 
 GPU archs are read from the op's ELF `.nv_fatbin` section (what `cuobjdump --list-elf` shows), so a CPU host can
 tell whether the ops run on a given GPU: SASS for X.y runs on X.z (z >= y); PTX for X.y JIT-compiles on

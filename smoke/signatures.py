@@ -2,7 +2,7 @@
 
 One table, used by every check: a failure is far more useful when it says *why*
 ("host driver too old for CUDA 13") than when it only shows a traceback.
-Patterns come from docs/shared facts (field reports); keep them specific so a
+Patterns come from field reports of these failures; keep them specific so a
 match is a real diagnosis, not a guess.
 """
 

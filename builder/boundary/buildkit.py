@@ -59,7 +59,8 @@ def spec(entry: Entry, inputs: Inputs, *, context: Path, ref: str, no_cache: boo
 
 def input_hash(spec: BuildSpec) -> str:
     """Everything that changes the image's bytes: the staged context, every build argument, the base
-    reference and the builder's version. Two builds with the same hash are interchangeable."""
+    reference (and its local image ID when it has no digest) and the builder's version. Two builds with the
+    same hash are interchangeable."""
     digest = hashlib.sha256()
     digest.update(f"builder {builder.__version__}\0context {context.digest(spec.context)}\0".encode())
     for key, value in sorted(build_args(spec).items()):
@@ -78,7 +79,8 @@ def build_args(spec: BuildSpec) -> dict[str, str]:
 
 
 def source_date_epoch(entry: Entry) -> int:
-    """Timestamps the build writes come from the inputs' last commit, not the clock."""
+    """The inputs' last commit time (dockerfiles/<tag>/ and smoke/): it dates the image in its labels. The
+    timestamps the build writes come from the SOURCE_DATE_EPOCH the Dockerfile fixes, not from this."""
     try:
         where = [str(paths.tag_dir(entry)), str(paths.lock_dir(entry)), str(paths.SMOKE_DIR)]
         out = subprocess.run(["git", "log", "-1", "--format=%ct", "--", *where], capture_output=True, text=True,

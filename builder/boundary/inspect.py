@@ -1,5 +1,8 @@
-"""Verify a built image against its own facts: every pin installed at its version, torch the CUDA build
-it should be and not replaced by a later install, `pip check` clean. Runs a stdlib script in the image.
+"""What is in a built image, read by running smoke/'s stdlib scripts in it (smoke/ is in every image).
+
+`problems` checks the image against its own facts: every pin installed at its version, torch the CUDA build
+it should be and not replaced by a later install, `pip check` clean. `inventory` lists every package for the
+SBOM; `read_facts` copies the facts file out without starting a container.
 """
 
 from __future__ import annotations

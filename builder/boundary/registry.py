@@ -1,7 +1,8 @@
-"""Registry references and the one HTTP call publish needs: what digest does the registry hold for a tag?
+"""Registry references and the Registry HTTP API v2 calls publish and verify need.
 
-The digest is read back over the Registry HTTP API v2 (`HEAD /v2/<name>/manifests/<ref>`), not taken from
-the push output, so a publish is only reported when the registry itself serves the manifest.
+Digests are read back over the API (`HEAD /v2/<name>/manifests/<ref>`), not taken from the push output, so a
+publish is only reported when the registry itself serves the manifest. Attestations are blobs and manifests
+pushed beside the image as OCI referrers (the referrers API, else the fallback tag) and read back the same way.
 Credentials come from the Docker config the docker CLI uses (`auths`, `credHelpers`, `credsStore`), never
 from arguments: https://github.com/docker/cli/blob/master/docs/reference/commandline/login.md
 """

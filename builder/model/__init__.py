@@ -1,4 +1,5 @@
-"""The pure model: the matrix, its compatibility rules, the CI plan and the paths every step shares.
+"""The pure model: the matrix, its compatibility rules, the CI plan, the paths every step shares, image
+references, how far a tag is proven, and the attestation documents.
 
 Nothing here runs Docker, a subprocess or the network.
 """

@@ -8,7 +8,7 @@ The knowledge lives in the YAML; this module only knows the *kinds* of rule:
 - `requires` / `forbids` constraints between pinned versions (the `packages:` minimums are the
   `requires` kind written compactly).
 
-`evaluate` returns every rule checked with its outcome and source (for `compat --explain`); `check`
+`evaluate` returns every rule checked with its outcome and source (for `compat TAG`); `check`
 returns only the violations; `derive` returns the facts other steps need (driver floors, ABI, wheel URL).
 """
 

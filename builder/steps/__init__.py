@@ -10,11 +10,12 @@ A *per-tag step* (resolve, lock, build, smoke, publish, repro) is a module with:
     run(entry, o) -> Done one entry; raises a BuilderError when the step fails for that entry
 `builder.runner` runs a step over entries with one failure policy and one summary table.
 
-A *tool* (render, catalog, verify, manifest, diff) works on the matrix or on images as a whole:
+A *tool* (render, catalog, verify, manifest, diff, refresh-compat) works on the matrix or on images as a whole:
     NAME, HELP, Options, add_arguments(p), NEEDS_MATRIX, main(options, matrix) -> int
 
-No step imports another step's internals or the CLI; shared pieces live in builder/model and
-builder/boundary. `STEPS` and `TOOLS` name the modules; the CLI imports them lazily.
+No step imports the CLI, nor another step except through an edge listed with its reason in
+tests/unit/test_layering.py; shared pieces live in builder/model and builder/boundary. `STEPS` and `TOOLS`
+name the modules; the CLI imports them lazily.
 """
 
 from __future__ import annotations

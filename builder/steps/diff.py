@@ -1,7 +1,7 @@
 """What changed between two images: packages upgraded, downgraded, added, removed (Python and OS) and the
 size of each top-level directory. `--fail-on downgrade,removed` lets a release refuse silent removals.
 
-Both sides are manifests (builder.manifest), so nothing runs inside the images.
+Both sides are manifests (builder.steps.manifest), so nothing runs inside the images.
 """
 
 from __future__ import annotations

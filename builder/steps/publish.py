@@ -1,12 +1,15 @@
 """Publish images that passed the gate (step 7): immutable full tag first, digest read back, alias last.
 
 Order, per tag, and why:
-  1. gate: build/reports/<tag>.smoke.json must say passed for the *current* local image ID; a rebuilt or
-     retagged image has another ID and needs a new gate run.
+  1. gate: build/reports/<tag>.smoke.json must say passed, with every check run, for the *current* local
+     image ID (a rebuilt or retagged image has another ID and needs a new gate run), at the level the entry
+     needs (GPU for entries of GPU runners) and on the pinned base; --allow-cpu-gate and
+     --allow-substituted-base are the recorded exceptions.
   2. push the immutable full tag (format below); an existing full tag is never overwritten.
   3. read the digest back from the registry (HTTP API, not the push output) and check it equals the digest
      the push reported and the local image's RepoDigests.
-  4. only then push the short alias (`cu121-torch2.3`) and read it back too.
+  4. attach the SBOM and the provenance beside that digest (OCI referrers).
+  5. only then push the short alias (`cu121-torch2.3`) and read it back too.
 A failure anywhere stops before the alias moves, so users pulling the alias never get an unchecked image.
 
 Full tag format (Docker tags are at most 128 characters of [A-Za-z0-9_.-]):

@@ -1,4 +1,4 @@
-"""Environmental faults without an engine (issue 14): the engine going away, a full disk, in a build's output,
+"""Faults of the machine, without an engine: the engine going away, a full disk, in a build's output,
 in `docker save`, in the files the builder writes. Each is exit 3 with one line naming it and a hint; nothing
 half-written is left. The real faults, against a private engine: tests/integration/test_faults_engine.py."""
 

@@ -171,7 +171,7 @@ def test_one_megabyte_of_yaml_is_refused_fast(project, capsys):
     (project / "matrix.yaml").write_text("".join(lines))
     started = time.monotonic()
     assert_refused(project, capsys, ["render"], 2, "matrix.yaml", "YAML nodes")
-    # Before issue 14 this took 8.3 s here (full parse, then a count); the limit now applies while parsing.
+    # Counting after a full parse took 8.3 s here; the limit now applies while parsing (docs/architecture.md).
     assert time.monotonic() - started < 2
 
 
