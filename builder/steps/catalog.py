@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder import fsutil, log, reports
+from builder import fsutil, log, readme, reports
 from builder.errors import EnvironmentProblem, UserError
 from builder.model import compat, paths, proof
 from builder.model.matrix import PACKAGES, Entry
@@ -233,8 +233,6 @@ def main(args: Options, m) -> int:
         raise _fs_error(exc, str(out)) from None
     if out.resolve() == Path(".").resolve():
         # The README's table shows how far each tag is proven, read from images.json: keep it in step.
-        from builder.steps import readme
-
         for path in readme.write(m):
             log.info(f"wrote {path} (the proven column)")
     published = sum(1 for e in json.loads(files[JSON])["images"] if e["published"])
