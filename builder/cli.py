@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(STEPS.get(name) or TOOLS[name])
         step = name in STEPS
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
-        if step or getattr(module, "TAGS", False):
+        if step or issubclass(module.Options, matrix.Selection):
             p.add_argument("tags", nargs="*", metavar="TAG", help="tags or globs (cu12*-torch2.*)")
             p.add_argument("--all", action="store_true", help="every entry")
         module.add_arguments(p)

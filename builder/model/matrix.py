@@ -391,6 +391,17 @@ def select(matrix: Matrix, patterns: Sequence[str] | None) -> list[Entry]:
     return chosen
 
 
+@dataclass(frozen=True)
+class Selection:
+    """The TAG.../--all arguments of a verb; a tool whose Options extends this gets them from the CLI."""
+
+    tags: tuple = ()
+    all: bool = False
+
+    def entries(self, matrix: Matrix) -> list[Entry]:
+        return choose(matrix, self.tags, self.all)
+
+
 def choose(matrix: Matrix, tags: Sequence[str] | None, every: bool, default_all: bool = True) -> list[Entry]:
     """The entries a command line names: tags/globs or --all; no tags means every entry unless the verb
     acts on images (building every entry by accident costs hours)."""

@@ -13,8 +13,8 @@ A *per-tag step* (resolve, lock, build, smoke, publish, repro) is a module with:
 A *tool* (validate, list, matrix, compat, render, catalog, verify, manifest, diff, refresh-compat) works on
 the matrix or on images as a whole:
     NAME, HELP, Options, add_arguments(p), NEEDS_MATRIX, main(options, matrix) -> int
-    TAGS (optional)       True: the CLI adds the TAG.../--all arguments every per-tag step has; Options then
-                          has `tags` and `all`, and `matrix.choose` turns them into entries
+    An Options that extends `model.matrix.Selection` gets the TAG.../--all arguments of the per-tag steps
+    from the CLI; `options.entries(matrix)` are the entries they name.
 
 No step imports another step's internals or the CLI; shared pieces live in builder/model and
 builder/boundary. `STEPS` and `TOOLS` name the modules; the CLI imports them lazily, in the order of

@@ -17,13 +17,10 @@ from builder.model import matrix, plan
 NAME = "matrix"
 HELP = "the GitHub Actions strategy.matrix JSON"
 NEEDS_MATRIX = True
-TAGS = True
 
 
 @dataclass(frozen=True)
-class Options:
-    tags: tuple = ()
-    all: bool = False
+class Options(matrix.Selection):
     format: str = "github"
     runner: str | None = None
     changed_against: str | None = None
@@ -50,7 +47,7 @@ def published_and_current(entry: matrix.Entry, where: str) -> bool:
 
 
 def main(options: Options, m: matrix.Matrix) -> int:
-    entries = matrix.choose(m, options.tags, options.all)
+    entries = options.entries(m)
     if options.runner:
         entries = [e for e in entries if plan.needs_gpu_gate(e) == (options.runner == "gpu")]
     if options.changed_against:

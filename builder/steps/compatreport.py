@@ -3,29 +3,21 @@ derived from them (builder/model/explain.py); exit 2 when an entry breaks a rule
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from builder.errors import UserError
 from builder.model import compat, explain, matrix
 
 NAME = "compat"
 HELP = "explain the compatibility rules for entries: outcome, evidence, derived facts"
 NEEDS_MATRIX = True
-TAGS = True
-
-
-@dataclass(frozen=True)
-class Options:
-    tags: tuple = ()
-    all: bool = False
+Options = matrix.Selection  # tags and --all only
 
 
 def add_arguments(p) -> None:
-    pass  # tags and --all only
+    pass
 
 
-def main(options: Options, m: matrix.Matrix) -> int:
-    entries = matrix.choose(m, options.tags, options.all)
+def main(options: matrix.Selection, m: matrix.Matrix) -> int:
+    entries = options.entries(m)
     print("\n\n".join(explain.report(e) for e in entries))
     broken = [e.tag for e in entries if compat.check(e)]
     if broken:

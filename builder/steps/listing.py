@@ -2,31 +2,23 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from builder import log
 from builder.model import matrix, proof
 
 NAME = "list"
 HELP = "table of the matrix entries"
 NEEDS_MATRIX = True
-TAGS = True
+Options = matrix.Selection  # tags and --all only
 HEADERS = ("tag", "torch", "CUDA", "Python", "transformers", "deepspeed", "flash-attn", "proven")
 
 
-@dataclass(frozen=True)
-class Options:
-    tags: tuple = ()
-    all: bool = False
-
-
 def add_arguments(p) -> None:
-    pass  # tags and --all only
+    pass
 
 
-def main(options: Options, m: matrix.Matrix) -> int:
+def main(options: matrix.Selection, m: matrix.Matrix) -> int:
     known = proof.levels()
     rows = [[e.tag, e.torch, e.cuda, e.python, e.pins["transformers"], e.pins["deepspeed"],
-             e.pins["flash-attn"] or "—", proof.phrase(e, known)] for e in matrix.choose(m, options.tags, options.all)]
+             e.pins["flash-attn"] or "—", proof.phrase(e, known)] for e in options.entries(m)]
     print(log.table(HEADERS, rows))
     return 0

@@ -11,13 +11,10 @@ from builder.model import compat, matrix
 NAME = "validate"
 HELP = "check the matrix schema and compatibility rules"
 NEEDS_MATRIX = True
-TAGS = True
 
 
 @dataclass(frozen=True)
-class Options:
-    tags: tuple = ()
-    all: bool = False
+class Options(matrix.Selection):
     strict: bool = False
 
 
@@ -26,7 +23,7 @@ def add_arguments(p) -> None:
 
 
 def main(options: Options, m: matrix.Matrix) -> int:
-    entries = matrix.choose(m, options.tags, options.all)
+    entries = options.entries(m)
     compat.require(entries)
     if options.strict:
         problems = matrix.strict_problems(m)
