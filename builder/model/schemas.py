@@ -20,9 +20,16 @@ from builder.model import reference
 # Formats the schemas name for values Docker must accept: checked with the same grammar as the rest of builder.
 _FORMAT_CHECKS = {"repository": reference.name_problem, "image-reference": reference.problem}
 _FORMAT_WORDS = {"repository": "a repository name", "image-reference": "an image reference"}
-FORMATS = jsonschema.FormatChecker(formats=())
-for _name, _why in _FORMAT_CHECKS.items():
-    FORMATS.checks(_name)(lambda value, why=_why: not isinstance(value, str) or why(value) is None)
+
+
+def _format_checker() -> jsonschema.FormatChecker:
+    checker = jsonschema.FormatChecker(formats=())
+    for name, why in _FORMAT_CHECKS.items():
+        checker.checks(name)(lambda value, why=why: not isinstance(value, str) or why(value) is None)
+    return checker
+
+
+FORMATS = _format_checker()
 
 _TYPE_WORDS = {"string": "text", "integer": "an integer", "number": "a number", "boolean": "true or false",
                "object": "an object", "array": "a list", "null": "null"}
