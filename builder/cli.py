@@ -1,5 +1,6 @@
 """`python -m builder VERB`: parses arguments, loads the matrix once, selects entries, builds each step's
-frozen options, runs it, and is the only place that prints errors and picks exit codes.
+frozen options, runs it, and is the only place that prints errors and picks exit codes. Every verb is a
+step or a tool module under builder/steps/ (builder/steps/__init__.py describes both shapes).
 
 Nothing under builder/ imports this module (tests/unit/test_layering.py keeps it so).
 """
@@ -8,19 +9,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib
-import json
 import os
 import sys
 from pathlib import Path
 
-from builder import fsutil, log, runner
-from builder.errors import BuilderError, UserError
-from builder.model import compat, matrix, plan, proof
+from builder import fsutil, runner
+from builder.errors import BuilderError
+from builder.model import compat, matrix
 from builder.model.inputs import Inputs
-from builder.steps import STEPS, TOOLS
-
-HEADERS = ("tag", "torch", "CUDA", "Python", "transformers", "deepspeed", "flash-attn", "proven")
+from builder.steps import STEPS, TOOLS, VERBS
 
 
 def options_from(args: argparse.Namespace, cls):
@@ -32,77 +31,8 @@ def options_from(args: argparse.Namespace, cls):
     return cls(**values)
 
 
-def select(args, m: matrix.Matrix, default_all: bool = True) -> list[matrix.Entry]:
-    tags, every = getattr(args, "tags", None), getattr(args, "all", False)
-    if tags and every:
-        raise UserError("give tags or --all, not both")
-    if not tags and not every and not default_all:
-        raise UserError("which image? name tags (or globs), or pass --all", f"e.g. {m.default.tag}")
-    return matrix.select(m, None if every else tags)
-
-
-# --- verbs of the CLI itself ------------------------------------------------------------------------------
-
-
-def cmd_validate(args, m: matrix.Matrix) -> int:
-    entries = select(args, m)
-    compat.require(entries)
-    if args.strict:
-        problems = matrix.strict_problems(m)
-        if problems:
-            raise UserError("\n".join(problems))
-    log.info(f"{m.path}: {len(entries)} entries valid{' (strict)' if args.strict else ''}")
-    return 0
-
-
-def cmd_list(args, m: matrix.Matrix) -> int:
-    known = proof.levels()
-    rows = [[e.tag, e.torch, e.cuda, e.python, e.pins["transformers"], e.pins["deepspeed"],
-             e.pins["flash-attn"] or "—", proof.phrase(e, known)] for e in select(args, m)]
-    print(log.table(HEADERS, rows))
-    return 0
-
-
-def cmd_matrix(args, m: matrix.Matrix) -> int:
-    entries = select(args, m)
-    if args.runner:
-        entries = [e for e in entries if plan.needs_gpu_gate(e) == (args.runner == "gpu")]
-    if args.changed_against:
-        entries = [e for e in entries if not _published_and_current(e, args.changed_against)]
-    print(json.dumps(plan.github_matrix(entries), sort_keys=True))
-    return 0
-
-
-def _published_and_current(entry: matrix.Entry, where: str) -> bool:
-    """Is the entry's alias in the registry an image of exactly these inputs? Unknown counts as no."""
-    from builder.boundary import buildkit, registry
-
-    repo = registry.repository(where, entry.image)
-    try:
-        labels = registry.config_labels(repo, entry.tag) or {}
-    except BuilderError as exc:
-        log.info(f"{entry.tag}: cannot read {repo.ref}:{entry.tag} ({exc.message}): planned for a rebuild")
-        return False
-    current = labels.get(f"{buildkit.LABEL_PREFIX}.input-hash") == buildkit.planned_input_hash(entry)
-    log.info(f"{entry.tag}: {'published image is current: skipped' if current else 'inputs changed: planned'}")
-    return current
-
-
-def cmd_compat(args, m: matrix.Matrix) -> int:
-    """Every rule checked for the entries, with outcome and evidence, and the facts derived from them."""
-    from builder.model import explain
-
-    entries = select(args, m)
-    print("\n\n".join(explain.report(e) for e in entries))
-    broken = [e.tag for e in entries if compat.check(e)]
-    if broken:
-        raise UserError(f"{', '.join(broken)} break(s) compatibility rules (table above)",
-                        "change the entry or, if a rule is wrong, fix compat.yaml with a source")
-    return 0
-
-
 def run_step(module, args, m: matrix.Matrix) -> int:
-    entries = select(args, m, default_all=module.DEFAULT_ALL)
+    entries = matrix.choose(m, args.tags, args.all, default_all=module.DEFAULT_ALL)
     compat.require(entries)
     options = options_from(args, module.Options)
     options = module.prepare(entries, options) or options  # prepare may fill in what it read (a password)
@@ -112,6 +42,10 @@ def run_step(module, args, m: matrix.Matrix) -> int:
             _print_error(outcome.error, prefix="" if outcome.error.message.startswith(outcome.tag) else
                          f"{outcome.tag}: ")
     return runner.exit_code(outcomes)
+
+
+def run_tool(module, args, m: matrix.Matrix | None) -> int:
+    return module.main(options_from(args, module.Options), m)
 
 
 # --- parser ------------------------------------------------------------------------------------------------
@@ -124,37 +58,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="matrix file (default: matrix.yaml)")
     parser.add_argument("-v", "--verbose", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
-
-    def verb(name: str, help_text: str, tags: bool) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        if tags:
+    for name in VERBS:
+        module = importlib.import_module(STEPS.get(name) or TOOLS[name])
+        step = name in STEPS
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        if step or issubclass(module.Options, matrix.Selection):
             p.add_argument("tags", nargs="*", metavar="TAG", help="tags or globs (cu12*-torch2.*)")
             p.add_argument("--all", action="store_true", help="every entry")
-        return p
-
-    p = verb("validate", "check the matrix schema and compatibility rules", tags=True)
-    p.add_argument("--strict", action="store_true", help="also require every base pinned by digest with its source")
-    p.set_defaults(handler=cmd_validate, needs_matrix=True)
-    verb("list", "table of the matrix entries", tags=True).set_defaults(handler=cmd_list, needs_matrix=True)
-    p = verb("matrix", "the GitHub Actions strategy.matrix JSON", tags=True)
-    p.add_argument("--format", choices=["github"], default="github")
-    p.add_argument("--runner", choices=["gpu", "hosted"], help="only entries gated on GPU runners, or on hosted ones")
-    p.add_argument("--changed-against", metavar="REGISTRY",
-                   help="leave out entries whose published alias there was built from exactly these inputs")
-    p.set_defaults(handler=cmd_matrix, needs_matrix=True)
-    verb("compat", "explain the compatibility rules for entries: outcome, evidence, derived facts",
-         tags=True).set_defaults(handler=cmd_compat, needs_matrix=True)
-    for name, path in STEPS.items():
-        module = importlib.import_module(path)
-        p = verb(name, module.HELP, tags=True)
         module.add_arguments(p)
-        p.set_defaults(handler=lambda args, m, module=module: run_step(module, args, m), needs_matrix=True)
-    for name, path in TOOLS.items():
-        module = importlib.import_module(path)
-        p = verb(name, module.HELP, tags=False)
-        module.add_arguments(p)
-        p.set_defaults(handler=lambda args, m, module=module: module.main(options_from(args, module.Options), m),
-                       needs_matrix=module.NEEDS_MATRIX)
+        p.set_defaults(handler=functools.partial(run_step if step else run_tool, module),
+                       needs_matrix=True if step else module.NEEDS_MATRIX)
     return parser
 
 

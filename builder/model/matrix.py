@@ -389,3 +389,24 @@ def select(matrix: Matrix, patterns: Sequence[str] | None) -> list[Entry]:
                             _did_you_mean(pattern, tags).replace("known keys", "known tags"))
         chosen.extend(e for e in matched if e not in chosen)
     return chosen
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The TAG.../--all arguments of a verb; a tool whose Options extends this gets them from the CLI."""
+
+    tags: tuple = ()
+    all: bool = False
+
+    def entries(self, matrix: Matrix) -> list[Entry]:
+        return choose(matrix, self.tags, self.all)
+
+
+def choose(matrix: Matrix, tags: Sequence[str] | None, every: bool, default_all: bool = True) -> list[Entry]:
+    """The entries a command line names: tags/globs or --all; no tags means every entry unless the verb
+    acts on images (building every entry by accident costs hours)."""
+    if tags and every:
+        raise UserError("give tags or --all, not both")
+    if not tags and not every and not default_all:
+        raise UserError("which image? name tags (or globs), or pass --all", f"e.g. {matrix.default.tag}")
+    return select(matrix, None if every else tags)

@@ -10,12 +10,15 @@ A *per-tag step* (resolve, lock, build, smoke, publish, repro) is a module with:
     run(entry, o) -> Done one entry; raises a BuilderError when the step fails for that entry
 `builder.runner` runs a step over entries with one failure policy and one summary table.
 
-A *tool* (render, catalog, verify, manifest, diff, refresh-compat) works on the matrix or on images as a whole:
+A *tool* (validate, list, matrix, compat, render, catalog, verify, manifest, diff, refresh-compat) works on
+the matrix or on images as a whole:
     NAME, HELP, Options, add_arguments(p), NEEDS_MATRIX, main(options, matrix) -> int
+    An Options that extends `model.matrix.Selection` gets the TAG.../--all arguments of the per-tag steps
+    from the CLI; `options.entries(matrix)` are the entries they name.
 
 No step imports the CLI, nor another step except through an edge listed with its reason in
 tests/unit/test_layering.py; shared pieces live in builder/model and builder/boundary. `STEPS` and `TOOLS`
-name the modules; the CLI imports them lazily.
+name the modules; the CLI imports them lazily, in the order of `VERBS` (what `--help` lists).
 """
 
 from __future__ import annotations
@@ -31,7 +34,15 @@ STEPS = {
     "publish": "builder.steps.publish",
     "repro": "builder.steps.repro",
 }
+# Tools that read only the matrix: first in `--help`, before the pipeline.
+MATRIX_TOOLS = {
+    "validate": "builder.steps.validate",
+    "list": "builder.steps.listing",
+    "matrix": "builder.steps.cimatrix",
+    "compat": "builder.steps.compatreport",
+}
 TOOLS = {
+    **MATRIX_TOOLS,
     "render": "builder.steps.render",
     "catalog": "builder.steps.catalog",
     "verify": "builder.steps.verify",
@@ -39,6 +50,7 @@ TOOLS = {
     "diff": "builder.steps.diff",
     "refresh-compat": "builder.steps.refresh",
 }
+VERBS = (*MATRIX_TOOLS, *STEPS, *(name for name in TOOLS if name not in MATRIX_TOOLS))
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder import fsutil, log
+from builder import fsutil, log, readme, reports
 from builder.errors import EnvironmentProblem, UserError
-from builder.model import compat, paths, proof, reference, yamlread
+from builder.model import compat, paths, proof
 from builder.model.matrix import PACKAGES, Entry
 
 MARKDOWN, JSON = "IMAGES.md", "images.json"
@@ -37,125 +37,6 @@ def add_arguments(p) -> None:
     p.add_argument("--check", action="store_true", help="exit 2 if IMAGES.md or images.json is stale")
     p.add_argument("--reports", metavar="DIR", help="read reports from DIR (default: build/reports)")
     p.add_argument("--out", metavar="DIR", default=".", help="where IMAGES.md and images.json go (default: .)")
-
-
-# --- reading reports: types checked before anything is used -------------------------------------------
-
-MAX_REPORT_BYTES = 16 << 20
-_ID = re.compile(r"sha256:[a-f0-9]{64}")
-_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}(?:T[0-9:.]+(?:Z|[+-][0-9:]+)?)?")
-_STR, _INT, _NUM, _BOOL = "text", "an integer", "a number", "true or false"
-_OPT = "or null"
-# step -> field -> (kind, optional, shape). Fields not listed are not read by the catalog and not checked.
-REPORT_FIELDS: dict[str, dict[str, tuple]] = {
-    "build": {"result": (_STR, True, None), "image_id": (_STR, True, _ID), "size_bytes": (_INT, True, None),
-              "versions": ("versions", True, None)},
-    "smoke": {"passed": (_BOOL, True, None), "image_id": (_STR, True, _ID), "mode": (_STR, True, None),
-              "finished_at": (_STR, True, _DATE), "checks": ("checks", True, None)},
-    "publish": {"image_id": (_STR, True, _ID), "registry": (_STR, True, None), "repository": (_STR, False, None),
-                "full_tag": (_STR, False, reference.TAG_RE), "alias": (_STR, True, None),
-                "digest": (_STR, False, _ID), "pull": (_STR, False, None), "published_at": (_STR, True, _DATE),
-                "size_bytes": (_INT, True, None)},
-    "repro": {"result": (_STR, True, None), "verdict": (_STR, True, None), "identical": (_BOOL, True, None),
-              "finished_at": (_STR, True, _DATE), "date": (_STR, True, _DATE), "differences": (_INT, True, None)},
-}
-_FIGURES = {"steps_per_s": _NUM, "loss_first": _NUM, "loss_last": _NUM, "ranks": _INT, "backend": _STR,
-            "largest": "largest"}
-
-
-def _kind_ok(value, kind: str) -> bool:
-    if kind == _STR:
-        return isinstance(value, str)
-    if kind == _INT:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind == _NUM:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if kind == _BOOL:
-        return isinstance(value, bool)
-    return True
-
-
-def _type_name(value) -> str:
-    return {dict: "an object", list: "a list", str: "text", bool: "true/false", type(None): "null"}.get(
-        type(value), type(value).__name__)
-
-
-def validate_report(data, path: Path, tag: str, step: str) -> dict:
-    """The report if the fields the catalog reads have the right types and shapes; else UserError naming them."""
-    rerun = f"re-run `python -m builder {step} {tag}`, or delete {path}"
-
-    def fail(field: str, expected: str, value) -> None:
-        raise UserError(f"{path}: field '{field}' must be {expected}, got {_type_name(value)}", rerun)
-
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: expected a JSON object at the top, got {_type_name(data)}", rerun)
-    if "tag" in data and data["tag"] != tag:
-        raise UserError(f"{path}: field 'tag' says {str(data['tag'])[:60]!r}, the file name says '{tag}'", rerun)
-    for field, (kind, optional, shape) in REPORT_FIELDS[step].items():
-        if field not in data or (optional and data[field] is None):
-            continue
-        value = data[field]
-        if kind == "versions":
-            if not isinstance(value, dict):
-                fail(field, "an object of package versions", value)
-            for name, version in value.items():
-                if version is not None and not isinstance(version, str):
-                    fail(f"{field}.{name}", f"{_STR} {_OPT}", version)
-            continue
-        if kind == "checks":
-            if not isinstance(value, list):
-                fail(field, "a list of checks", value)
-            for i, check in enumerate(value):
-                if not isinstance(check, dict):
-                    fail(f"{field}[{i}]", "an object", check)
-                if not isinstance(check.get("name", ""), str):
-                    fail(f"{field}[{i}].name", _STR, check.get("name"))
-                figures = check.get("figures")
-                if figures is None:
-                    continue
-                if not isinstance(figures, dict):
-                    fail(f"{field}[{i}].figures", "an object", figures)
-                for key, want in _FIGURES.items():
-                    got = figures.get(key)
-                    if got is None:
-                        continue
-                    if want == "largest":
-                        if not isinstance(got, dict):
-                            fail(f"{field}[{i}].figures.largest", "an object", got)
-                        for sub, sub_kind in (("bytes", _INT), ("busbw_gbps", _NUM)):
-                            if got.get(sub) is not None and not _kind_ok(got[sub], sub_kind):
-                                fail(f"{field}[{i}].figures.largest.{sub}", sub_kind, got[sub])
-                    elif not _kind_ok(got, want):
-                        fail(f"{field}[{i}].figures.{key}", want, got)
-            continue
-        if not _kind_ok(value, kind):
-            fail(field, kind + (f" {_OPT}" if optional else ""), value)
-        if shape is not None and not shape.fullmatch(value):
-            raise UserError(f"{path}: field '{field}' is not in the expected form ({_md(value)[:80]})", rerun)
-        if field in ("repository",) and reference.name_problem(value):
-            raise UserError(f"{path}: field '{field}' is not a repository name", rerun)
-        if field == "pull" and reference.problem(value):
-            raise UserError(f"{path}: field '{field}' is not an image reference", rerun)
-    return data
-
-
-def _read(directory: Path, tag: str, step: str) -> dict | None:
-    path = directory / f"{tag}.{step}.json"
-    try:
-        data = yamlread.read_bounded(path, MAX_REPORT_BYTES, what="report")
-    except UserError as exc:
-        if not path.exists() and not path.is_symlink():
-            return None
-        raise UserError(exc.message, f"re-run `python -m builder {step} {tag}`, or delete {path}") from None
-    try:
-        parsed = json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: byte {exc.start} is not UTF-8", f"re-run `python -m builder {step} {tag}`") from None
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path} is not valid JSON ({exc.msg})", f"re-run `python -m builder {step} {tag}`") from None
-    except RecursionError:
-        raise UserError(f"{path}: JSON nested too deeply", f"re-run `python -m builder {step} {tag}`") from None
-    return validate_report(parsed, path, tag, step)
 
 
 # --- Markdown: nothing from a report may become markup --------------------------------------------------
@@ -209,6 +90,10 @@ def _repro(repro: dict | None) -> dict | None:
         return None
     return {"verdict": repro.get("result"), "date": (repro.get("finished_at") or "")[:10] or None,
             "differences": repro.get("differences")}
+
+
+def _read(directory: Path, tag: str, step: str) -> dict | None:
+    return reports.read(tag, step, required=False, directory=directory)  # held to the step's schema
 
 
 def record(entry: Entry, directory: Path) -> dict:
@@ -348,8 +233,6 @@ def main(args: Options, m) -> int:
         raise _fs_error(exc, str(out)) from None
     if out.resolve() == Path(".").resolve():
         # The README's table shows how far each tag is proven, read from images.json: keep it in step.
-        from builder.steps import readme
-
         for path in readme.write(m):
             log.info(f"wrote {path} (the proven column)")
     published = sum(1 for e in json.loads(files[JSON])["images"] if e["published"])

@@ -1,7 +1,7 @@
 """What changed between two images: packages upgraded, downgraded, added, removed (Python and OS) and the
 size of each top-level directory. `--fail-on downgrade,removed` lets a release refuse silent removals.
 
-Both sides are manifests (builder.steps.manifest), so nothing runs inside the images.
+Both sides are manifests (builder/boundary/imagesave.py), so nothing runs inside the images.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from builder import log
+from builder.boundary import imagesave
 from builder.errors import UserError
 from builder.model import paths, reference
-from builder.steps import manifest
 
 KINDS = ("upgraded", "downgraded", "added", "removed")
 _FAIL_WORDS = {"upgrade": "upgraded", "downgrade": "downgraded", "add": "added", "remove": "removed"}
@@ -186,12 +186,12 @@ def main(options: Options, m) -> int:
     fail_on = parse_fail_on(options.fail_on)
     refs = [resolve(options.a, m), resolve(options.b, m)]
     for ref in refs:  # both names checked before the engine is asked about either
-        if not manifest.is_archive(ref):
+        if not imagesave.is_archive(ref):
             reference.check_image_name(ref)
     manifests = []
     for ref in refs:
         with log.step(f"manifest {ref}") as note:
-            manifests.append(manifest.manifest(ref))
+            manifests.append(imagesave.manifest(ref))
             note["result"] = f"{manifests[-1]['totals']['files']} files in {manifests[-1]['stats']['seconds']}s"
     result = diff(*manifests)
     rows = [[c["change"], c["kind"], c["name"], c["where"], c["a"] or "—", c["b"] or "—"] for c in result["packages"]]

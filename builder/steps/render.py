@@ -395,7 +395,7 @@ def add_arguments(p) -> None:
 
 
 def main(options: Options, m: Matrix) -> int:
-    from builder.steps import readme
+    from builder import readme
 
     entries = select(m, list(options.tags) or None)
     if options.check:

@@ -18,12 +18,12 @@ from importlib import resources
 import yaml
 
 from builder import log, reports
-from builder.boundary import buildkit, engine
+from builder.boundary import buildkit, engine, imagesave
 from builder.errors import EnvironmentProblem, StepFailed, UserError
 from builder.model import context, paths
 from builder.model.inputs import Inputs
 from builder.model.inputs import add_arguments as add_input_arguments
-from builder.steps import Done, manifest
+from builder.steps import Done
 
 REPORT_CAP = 500
 # Known classes of build nondeterminism, first match wins. They name a difference; they do not excuse it
@@ -155,7 +155,7 @@ def compare_images(image_a: str, image_b: str, allowlist: list[dict] | None = No
     manifests = []
     for image in (image_a, image_b):
         with log.step(f"manifest {image}") as note:
-            result = manifest.manifest(image)
+            result = imagesave.manifest(image)
             timings[image] = result["stats"]
             note["result"] = f"{result['totals']['files']} files, {result['totals']['bytes'] / 1e9:.2f} GB"
         manifests.append(result)
@@ -222,7 +222,7 @@ def _remove_rebuild(built: dict) -> None:
     except Exception as exc:  # noqa: BLE001 - a leftover -repro image is harmless; the comparison's error matters
         reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
         log.info(f"warning: {built['image']} was not removed ({reason}); remove it with `docker rmi {built['image']}`")
-    manifest.cache_path(built["id"]).unlink(missing_ok=True)
+    imagesave.cache_path(built["id"]).unlink(missing_ok=True)
 
 
 def run(entry, options: Options) -> Done:

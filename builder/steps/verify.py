@@ -18,9 +18,9 @@ from packaging.version import InvalidVersion, Version
 
 from builder import fsutil, log
 from builder.boundary import engine, host, inspect, registry
+from builder.boundary.gate import run_gate
 from builder.errors import EnvironmentProblem, StepFailed, UserError
 from builder.model import attestations, reference
-from builder.steps import smoke
 
 MIN_SHM_MB = 1024  # below this, NCCL and DataLoader workers fail when containers share the host's /dev/shm
 
@@ -202,8 +202,7 @@ def main(args: Options, m=None) -> int:
         attested = attestations_of(args.image, image)
         note["result"] = attested["lines"][0] if attested["lines"] else "—"
     with log.step(f"smoke gate in {args.image} ({'GPU' if use_gpus else 'CPU'})") as note:
-        gate = smoke.run_gate(image.id, gpus=use_gpus, timeout=args.timeout, shm_size=args.shm_size,
-                              only=args.checks)
+        gate = run_gate(image.id, gpus=use_gpus, timeout=args.timeout, shm_size=args.shm_size, only=args.checks)
         note["result"] = "passed" if gate.get("passed") else "FAILED"
     table = [[name, log.mark(ok) if ok is not None else "–", detail] for name, ok, detail, _ in rows]
     table += [[f"gate: {c.get('name')}", log.mark(bool(c.get("passed"))), (c.get("summary") or "")[:90]]

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from builder.steps import manifest
+from builder.boundary import imagesave
+from builder.model import manifest
 from tests.conftest import ROOT
 from tests.integration.images import build_small
 from tests.unit.test_manifest import DOCKERFILE
@@ -16,7 +17,7 @@ from tests.unit.test_manifest import DOCKERFILE
 def test_real_image_manifest(require_docker, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the manifest cache (build/manifests) lands here, not in the checkout
     ref = build_small(tmp_path, "manifest-small", DOCKERFILE)
-    m = manifest.manifest(ref, cache=False)
+    m = imagesave.manifest(ref, cache=False)
     files = m["files"]
     assert "data/gone" not in files and "data/opq/old" not in files
     assert files["data/opq/new"]["size"] == 4
@@ -29,9 +30,9 @@ def test_real_image_manifest(require_docker, tmp_path, monkeypatch):
     assert len(m["layers"]) >= 3 and all(x["diff_id"].startswith("sha256:") for x in m["layers"])
     assert m["totals"]["files"] > 1000
     # Deterministic: a second, uncached run writes the very same bytes; the cached one agrees.
-    assert manifest.dumps(manifest.manifest(ref, cache=False)) == manifest.dumps(m)
-    manifest.manifest(ref)
-    assert manifest.dumps(manifest.manifest(ref)) == manifest.dumps(m)
+    assert manifest.dumps(imagesave.manifest(ref, cache=False)) == manifest.dumps(m)
+    imagesave.manifest(ref)
+    assert manifest.dumps(imagesave.manifest(ref)) == manifest.dumps(m)
 
 
 @pytest.mark.docker

@@ -33,13 +33,17 @@ def write_reports(image_id: str = IMAGE_ID, smoke_id: str = IMAGE_ID) -> None:
                                    "published_at": "2026-12-02T15:40:00Z", "size_bytes": 5_709_747_927})
 
 
-def test_generated_from_reports(project):
-    write_reports()
+def write_repro() -> None:
     reports.write(TAG, "repro", {"result": "reproducible", "identical": False, "ok": True, "files_compared": 44989,
                                  "bytes_compared": 5_700_000_000, "differences": 0, "unexplained_count": 0,
                                  "allowlisted_count": 0, "layers": {"identical": False},
                                  "rebuild": {"image": "x:y-repro", "id": "sha256:" + "2" * 64},
                                  "finished_at": "2026-12-03T01:00:00Z", "duration_s": 389.0})
+
+
+def test_generated_from_reports(project):
+    write_reports()
+    write_repro()
     assert run_cli("catalog") == 0
     md = (project / "IMAGES.md").read_text()
     assert f"`{FULL}`" in md and DIGEST in md and f"docker pull ghcr.io/acme/train@{DIGEST}" in md

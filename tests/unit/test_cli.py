@@ -55,3 +55,23 @@ def test_subprocess_exit_code_and_no_traceback(project):
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: matrix.yaml:") and "Traceback" not in proc.stderr
+
+
+def test_tags_and_all_together_is_a_user_error(project, capsys):
+    assert run_cli("list", "cu121-torch2.3", "--all") == 2
+    assert "give tags or --all, not both" in capsys.readouterr().err
+
+
+def test_a_step_on_images_asks_which_one(project, capsys):
+    """Building every entry by accident costs hours: a per-tag step wants tags or --all."""
+    assert run_cli("build") == 2
+    err = capsys.readouterr().err
+    assert "which image?" in err and "hint: e.g. " in err
+
+
+def test_changed_against_an_unreadable_registry_plans_the_rebuild(project, capsys):
+    """Nothing answers on port 1: unknown counts as changed, so the entry stays in the CI matrix."""
+    assert run_cli("matrix", "cu121-torch2.3", "--changed-against", "127.0.0.1:1") == 0
+    out, err = capsys.readouterr()
+    assert [r["tag"] for r in json.loads(out)["include"]] == ["cu121-torch2.3"]
+    assert "cannot read 127.0.0.1:1/train:cu121-torch2.3" in err and "planned for a rebuild" in err

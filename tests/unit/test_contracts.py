@@ -13,10 +13,10 @@ import jsonschema
 import pytest
 
 from builder import reports
+from builder.boundary import gate
 from builder.errors import StepFailed, UserError
 from builder.model import matrix
 from builder.steps import render
-from builder.steps import smoke as smoke_step
 from tests.conftest import ROOT
 
 BUILDER_SCHEMAS = sorted((ROOT / "builder/schemas").glob("*.schema.json"))
@@ -74,7 +74,7 @@ def _gate_dir(tmp_path: Path, all_json: dict) -> Path:
 
 def test_builder_reads_a_valid_gate_output(tmp_path):
     verdict = {"passed": True, "mode": "cpu", "seconds": 20.0, "checks": [{"name": "env", "passed": True}]}
-    result, per_check, broken = smoke_step.read_gate_output(_gate_dir(tmp_path, verdict))
+    result, per_check, broken = gate.read_gate_output(_gate_dir(tmp_path, verdict))
     assert result == verdict and set(per_check) == {"env"} and broken is None
 
 
@@ -84,14 +84,14 @@ def test_scratch_files_of_the_checks_are_not_results(tmp_path):
     verdict = {"passed": True, "mode": "cpu", "seconds": 20.0, "checks": [{"name": "env", "passed": True}]}
     out = _gate_dir(tmp_path, verdict)
     (out / ".train-adamw.rank0.json").write_text(json.dumps({"items": [], "figures": {}}))
-    result, per_check, broken = smoke_step.read_gate_output(out)
+    result, per_check, broken = gate.read_gate_output(out)
     assert result == verdict and set(per_check) == {"env"} and broken is None
 
 
 def test_builder_refuses_gate_output_that_breaks_the_contract(tmp_path):
     # `passed` as a string would read as truthy: exactly what a schema is for.
     verdict = {"passed": "yes", "mode": "cpu", "seconds": 20.0, "checks": []}
-    result, _, broken = smoke_step.read_gate_output(_gate_dir(tmp_path, verdict))
+    result, _, broken = gate.read_gate_output(_gate_dir(tmp_path, verdict))
     assert result is None and "smoke/schemas" in broken and "passed" in broken
 
 

@@ -12,10 +12,10 @@ import sys
 import pytest
 
 from builder import fsutil, reports, runner
-from builder.boundary import buildkit, engine
+from builder.boundary import buildkit, engine, imagesave
 from builder.errors import EnvironmentProblem, UserError
 from builder.model import matrix
-from builder.steps import Done, manifest
+from builder.steps import Done
 from tests.unit.test_manifest import LOWER, fake_save
 
 RUN_LINES = "#5 [2/2] RUN sleep 20\n#5 sha256:9777e3b75f\n#5 0.081 started\n"
@@ -152,8 +152,8 @@ def _fake_docker_save(monkeypatch, script: str, stdout: bytes = b""):
         code = f"import sys; sys.stdout.buffer.write({stdout!r}); sys.stdout.flush(); {script}"
         return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
-    monkeypatch.setattr(manifest, "_save_stream", save)
-    monkeypatch.setattr(manifest, "image_id", lambda image: "sha256:" + "2" * 64)
+    monkeypatch.setattr(imagesave, "_save_stream", save)
+    monkeypatch.setattr(imagesave, "image_id", lambda image: "sha256:" + "2" * 64)
 
 
 def test_docker_save_on_a_full_disk_is_exit_3_not_a_bad_archive(monkeypatch, tmp_path):
@@ -161,7 +161,7 @@ def test_docker_save_on_a_full_disk_is_exit_3_not_a_bad_archive(monkeypatch, tmp
     _fake_docker_save(monkeypatch, "sys.stderr.write('Error response from daemon: mkdir /var/lib/docker/tmp/"
                                    "docker-export-1: no space left on device\\n'); sys.exit(1)")
     with pytest.raises(EnvironmentProblem) as caught:
-        manifest.manifest("example/img:1")
+        imagesave.manifest("example/img:1")
     assert caught.value.message.startswith("`docker save example/img:1` failed: the disk is full (")
     assert "DockerRootDir" in caught.value.hint
     assert not (tmp_path / "build").exists(), "nothing cached from a failed export"
@@ -172,21 +172,21 @@ def test_docker_save_cut_off_by_the_engine_going_away(monkeypatch, tmp_path):
     half = fake_save([LOWER])[:3000]
     _fake_docker_save(monkeypatch, "sys.stderr.write('unexpected EOF\\n'); sys.exit(1)", half)
     with pytest.raises(EnvironmentProblem, match="stopped answering"):
-        manifest.manifest("example/img:1")
+        imagesave.manifest("example/img:1")
 
 
 def test_a_bad_archive_from_a_save_that_succeeded_stays_a_user_error(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     _fake_docker_save(monkeypatch, "sys.exit(0)", b"x" * 1024 + b"\0" * 1024)
     with pytest.raises(UserError):
-        manifest.manifest("example/img:1")
+        imagesave.manifest("example/img:1")
 
 
 def test_a_full_disk_for_the_manifest_cache_only_warns(monkeypatch, tmp_path, capsys):
     monkeypatch.chdir(tmp_path)
     _fake_docker_save(monkeypatch, "sys.exit(0)", fake_save([LOWER]))
     monkeypatch.setattr(fsutil, "write_atomic", _no_space)
-    result = manifest.manifest("example/img:1")
+    result = imagesave.manifest("example/img:1")
     assert result["files"]["bin/tool"]["type"] == "file"
     assert "warning: the manifest cache" in capsys.readouterr().err
 

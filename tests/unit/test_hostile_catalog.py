@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import run_cli
 from tests.unit.hostile import assert_refused
-from tests.unit.test_catalog import TAG, write_reports
+from tests.unit.test_catalog import TAG, write_reports, write_repro
 
 REPORTS = "build/reports"
 
@@ -43,6 +43,7 @@ def mutate(project, step: str, **changes) -> None:
 TYPE_CASES = [
     ("build", {"image_id": 123}, "image_id"),
     ("build", {"image_id": "not-an-id"}, "image_id"),
+    ("build", {"image_id": "sha256:" + "1" * 64 + "\n"}, "image_id"),  # JSON Schema's `$` ends the text
     ("build", {"size_bytes": "5 GB"}, "size_bytes"),
     ("build", {"size_bytes": True}, "size_bytes"),
     ("build", {"versions": ["torch"]}, "versions"),
@@ -58,6 +59,7 @@ TYPE_CASES = [
     ("smoke", {"checks__2__figures__largest__busbw_gbps": "1.2"}, "checks[2].figures.largest.busbw_gbps"),
     ("smoke", {"checks__1__name": {"x": 1}}, "checks[1].name"),
     ("smoke", {"mode": 1}, "mode"),
+    ("smoke", {"mode": "# Owned\n<script>alert(1)</script>"}, "mode"),
     ("smoke", {"finished_at": "<script>alert(1)</script>"}, "finished_at"),
     ("smoke", {"image_id": ["sha256:1"]}, "image_id"),
     ("publish", {"digest": "sha256:zzz"}, "digest"),
@@ -70,8 +72,10 @@ TYPE_CASES = [
     ("publish", {"tag": "another-tag"}, "tag"),
     ("repro", {"differences": "many"}, "differences"),
     ("repro", {"identical": "yes"}, "identical"),
-    ("repro", {"verdict": 3}, "verdict"),
+    ("repro", {"finished_at": 3}, "finished_at"),
+    ("repro", {"finished_at": "2026-12-03T01:00:00Z\n## Fake"}, "finished_at"),
     ("repro", {"result": ["differs"]}, "result"),
+    ("repro", {"result": "</td><img src=x onerror=alert(1)>"}, "result"),
 ]
 
 
@@ -79,12 +83,19 @@ TYPE_CASES = [
                          ids=[f"{c[0]}-{next(iter(c[1]))}-{i}" for i, c in enumerate(TYPE_CASES)])
 def test_wrong_report_types_are_refused(project, capsys, step, changes, field):
     write_reports()
-    if step == "repro":
-        raw_report(project, "repro", {"tag": TAG, "step": "repro", "result": "reproducible",
-                                      "finished_at": "2026-12-03T01:00:00Z"})
+    write_repro()
     mutate(project, step, **changes)
     assert_refused(project, capsys, ["catalog"], 2, f"{TAG}.{step}.json", f"field '{field}'")
     assert not (project / "IMAGES.md").exists()
+
+
+def test_report_missing_a_field_the_catalog_reads_is_refused(project, capsys):
+    write_reports()
+    publish = json.loads(report_path(project, "publish").read_text())
+    del publish["digest"]
+    raw_report(project, "publish", publish)
+    assert_refused(project, capsys, ["catalog"], 2, f"{TAG}.publish.json", "field 'digest' is missing",
+                   "re-run `python -m builder publish")
 
 
 @pytest.mark.parametrize("raw, needle", [
@@ -135,8 +146,9 @@ def test_unwritable_output_is_one_line_exit_3(project, capsys):
 
 # --- Markdown injection: rendered, but inert ---------------------------------------------------------
 
+# Free-text fields only: a field with a fixed form (mode, result, dates, references) is refused by the
+# report's schema when it holds anything else (TYPE_CASES above).
 INJECTIONS = {
-    "mode": "# Owned\n<script>alert(1)</script>",
     "level": {"kind": "gpu", "gpu_model": "# Owned\n<script>alert(1)</script>", "gpu_count": 1},
     "checks__2__figures__backend": "[click](https://evil.example/x) | www.evil.example | a@b.example",
     "checks__0__name": "`code` ![img](x.png)",
@@ -150,9 +162,8 @@ def _table_pipes(line: str) -> int:
 def test_report_text_cannot_become_markdown(project, capsys):
     write_reports()
     mutate(project, "smoke", **INJECTIONS)
-    # Hand-edited files (the report writer itself refuses anything off-schema): the catalog must stay inert.
-    raw_report(project, "repro", {"tag": TAG, "step": "repro", "finished_at": "2026-12-03",
-                                  "result": "</td><img src=x onerror=alert(1)>\n## Fake"})
+    # Hand-edited files that still keep to the schemas: the catalog must stay inert.
+    mutate(project, "publish", exceptions=["</td><img src=x onerror=alert(1)>\n## Fake"])
     mutate(project, "build", versions={"torch": "2.13.0 | injected | cell", "peft": "<b>bold</b>"})
     assert run_cli("catalog") == 0, capsys.readouterr().err
     md = (project / "IMAGES.md").read_text()

@@ -217,7 +217,8 @@ def test_any_archive_bytes_give_a_manifest_or_a_user_error(damage):
     traceback or a hang."""
     import io
 
-    from builder.steps import manifest
+    from builder.boundary import imagesave
+    from builder.model import manifest
 
     if isinstance(damage, bytes):
         data = damage
@@ -227,7 +228,7 @@ def test_any_archive_bytes_give_a_manifest_or_a_user_error(damage):
             buf[pos % len(buf)] = value
         data = bytes(buf)
     try:
-        saved = manifest.read_save(io.BytesIO(data), "image.tar")
+        saved = imagesave.read_save(io.BytesIO(data), "image.tar")
         manifest.build_manifest(saved, "image.tar")
     except UserError as exc:
         assert exc.message.startswith("image.tar: ")

@@ -296,15 +296,20 @@ def test_kill_between_the_two_renames_is_finished_by_the_next_run(rendered, caps
 
 def test_two_renders_at_once_are_serialised(rendered, capsys):
     change_matrix(rendered)
+    import threading
+
     first = _start_paused(rendered)  # holds the lock, paused mid-staging
     second = run_builder(rendered, "render")
-    time.sleep(1.0)
+    said: list[str] = []  # the second's first line, however long a loaded machine takes to start it
+    reader = threading.Thread(target=lambda: said.append(second.stderr.readline()))
+    reader.start()
+    reader.join(60)
+    assert said and "waiting for another process writing dockerfiles/" in said[0], said
     assert second.poll() is None, "the second render must wait for the first"
     _resume(rendered)
     out1, err1 = first.communicate(timeout=60)
     out2, err2 = second.communicate(timeout=60)
     assert (first.returncode, second.returncode) == (0, 0), err1 + err2
-    assert "waiting for another process writing dockerfiles/" in err2
     assert "Traceback" not in err1 + err2
     assert run_cli("render", "--check") == 0 and leftovers(rendered) == []
 

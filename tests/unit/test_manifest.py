@@ -8,7 +8,8 @@ import tarfile
 
 import pytest
 
-from builder.steps import manifest
+from builder.boundary import imagesave
+from builder.model import manifest
 
 
 def _tar(members: list[tuple[str, str, bytes | str | None]]) -> bytes:
@@ -64,7 +65,7 @@ UPPER = [
 
 
 def test_layers_apply_with_whiteouts_and_opaque_dirs():
-    m = manifest.build_manifest(manifest.read_save(io.BytesIO(fake_save([LOWER, UPPER]))), "t:1")
+    m = manifest.build_manifest(imagesave.read_save(io.BytesIO(fake_save([LOWER, UPPER]))), "t:1")
     files = m["files"]
     assert "etc/gone" not in files and "etc/dir" not in files and "etc/dir/a" not in files
     assert "opq/old" not in files and "opq/sub/x" not in files and "opq/sub" not in files
@@ -83,14 +84,14 @@ def test_layers_apply_with_whiteouts_and_opaque_dirs():
 
 def test_a_file_replacing_a_directory_hides_its_children():
     upper = [("etc/dir", "file", "now a file")]
-    files = manifest.build_manifest(manifest.read_save(io.BytesIO(fake_save([LOWER, upper]))), "t")["files"]
+    files = manifest.build_manifest(imagesave.read_save(io.BytesIO(fake_save([LOWER, upper]))), "t")["files"]
     assert files["etc/dir"]["type"] == "file" and "etc/dir/a" not in files
 
 
 def test_output_is_deterministic():
     archive = fake_save([LOWER, UPPER])
-    one = manifest.dumps(manifest.build_manifest(manifest.read_save(io.BytesIO(archive)), "t:1"))
-    two = manifest.dumps(manifest.build_manifest(manifest.read_save(io.BytesIO(archive)), "t:1"))
+    one = manifest.dumps(manifest.build_manifest(imagesave.read_save(io.BytesIO(archive)), "t:1"))
+    two = manifest.dumps(manifest.build_manifest(imagesave.read_save(io.BytesIO(archive)), "t:1"))
     assert one == two and json.loads(one)["files"]
 
 
@@ -98,7 +99,7 @@ def test_not_a_save_archive_is_a_user_error():
     from builder.errors import UserError
 
     with pytest.raises(UserError, match="manifest.json"):
-        manifest.read_save(io.BytesIO(_tar([("x", "file", "y")])))
+        imagesave.read_save(io.BytesIO(_tar([("x", "file", "y")])))
 
 
 # --- real images ---------------------------------------------------------------------------------------

@@ -1,0 +1,56 @@
+"""`matrix`: the GitHub Actions strategy.matrix JSON for the selected entries.
+
+`--changed-against REGISTRY` leaves out entries whose published alias there was built from exactly these
+inputs (its input-hash label), so CI rebuilds only what changed; an alias that cannot be read is rebuilt.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from builder import log
+from builder.boundary import buildkit, registry
+from builder.errors import BuilderError
+from builder.model import matrix, plan
+
+NAME = "matrix"
+HELP = "the GitHub Actions strategy.matrix JSON"
+NEEDS_MATRIX = True
+
+
+@dataclass(frozen=True)
+class Options(matrix.Selection):
+    format: str = "github"
+    runner: str | None = None
+    changed_against: str | None = None
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--format", choices=["github"], default="github")
+    p.add_argument("--runner", choices=["gpu", "hosted"], help="only entries gated on GPU runners, or on hosted ones")
+    p.add_argument("--changed-against", metavar="REGISTRY",
+                   help="leave out entries whose published alias there was built from exactly these inputs")
+
+
+def published_and_current(entry: matrix.Entry, where: str) -> bool:
+    """Is the entry's alias in the registry an image of exactly these inputs? Unknown counts as no."""
+    repo = registry.repository(where, entry.image)
+    try:
+        labels = registry.config_labels(repo, entry.tag) or {}
+    except BuilderError as exc:
+        log.info(f"{entry.tag}: cannot read {repo.ref}:{entry.tag} ({exc.message}): planned for a rebuild")
+        return False
+    current = labels.get(f"{buildkit.LABEL_PREFIX}.input-hash") == buildkit.planned_input_hash(entry)
+    log.info(f"{entry.tag}: {'published image is current: skipped' if current else 'inputs changed: planned'}")
+    return current
+
+
+def main(options: Options, m: matrix.Matrix) -> int:
+    entries = options.entries(m)
+    if options.runner:
+        entries = [e for e in entries if plan.needs_gpu_gate(e) == (options.runner == "gpu")]
+    if options.changed_against:
+        entries = [e for e in entries if not published_and_current(e, options.changed_against)]
+    print(json.dumps(plan.github_matrix(entries), sort_keys=True))
+    return 0

@@ -1,0 +1,33 @@
+"""`validate`: the matrix against its schema and the compatibility rules; --strict adds the release rules."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from builder import log
+from builder.errors import UserError
+from builder.model import compat, matrix
+
+NAME = "validate"
+HELP = "check the matrix schema and compatibility rules"
+NEEDS_MATRIX = True
+
+
+@dataclass(frozen=True)
+class Options(matrix.Selection):
+    strict: bool = False
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--strict", action="store_true", help="also require every base pinned by digest with its source")
+
+
+def main(options: Options, m: matrix.Matrix) -> int:
+    entries = options.entries(m)
+    compat.require(entries)
+    if options.strict:
+        problems = matrix.strict_problems(m)
+        if problems:
+            raise UserError("\n".join(problems))
+    log.info(f"{m.path}: {len(entries)} entries valid{' (strict)' if options.strict else ''}")
+    return 0
