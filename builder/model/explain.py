@@ -39,14 +39,19 @@ def report(entry: Entry, recipe: bool = True) -> str:
     # Version constraints that do not apply to these pins are listed by id only, to keep the table readable.
     idle = [o for o in outcomes if o.ok is None and o.kind in ("requires", "forbids")]
     rows = [[o.rule, o.kind, _MARK[o.ok], o.reason, o.source or "—"] for o in outcomes if o not in idle]
-    failed = [o for o in outcomes if o.ok is False]
+    failed = [o for o in outcomes if o.ok is False and o.rule not in compat.RECIPE_RULES]
+    limits = [o for o in outcomes if o.ok is False and o.rule in compat.RECIPE_RULES]
     head = f"{entry.tag}: torch {entry.torch} (CUDA {entry.cuda} build), Python {entry.python}, base {entry.base_name}"
     lines = [head, log.table(("rule", "kind", "result", "why", "evidence"), rows)]
     if idle:
         lines.append("not applicable to these pins: " + "; ".join(f"{o.rule} ({o.reason})" for o in idle))
-    lines.append("")
+    lines += ["", "derived by the recipe (not asked of the entry):",
+              log.table(("what", "value", "why", "evidence"), [list(d) for d in compat.derivations(entry)])]
+    if limits:
+        lines.append(f"the recipe cannot build it here (build stops with exit 3, validate accepts it): "
+                     f"{', '.join(o.rule for o in limits)}")
     if failed:
-        lines.append(f"{len(failed)} rule(s) broken: {', '.join(o.rule for o in failed)}")
+        lines.append(f"{len(failed)} compatibility rule(s) broken: {', '.join(o.rule for o in failed)}")
         return "\n".join(lines)
     facts = compat.derive(entry)
     base_cuda = _base_cuda(entry)
