@@ -98,10 +98,11 @@ def uses_pypi(entry: Entry) -> bool:
     return any(host in entry.index_url for host in PYPI_HOSTS)
 
 
-def check(entry: Entry, recipe: bool = False) -> list[Violation]:
+def check(entry: Entry, recipe: bool = False, ops: bool = True) -> list[Violation]:
     """Every compatibility rule the entry breaks (the combination does not work); empty when it works.
-    recipe=True adds the recipe's limits (what stops a build here, see `recipe_limits`)."""
-    return [Violation(o.rule, o.field, o.reason, o.source) for o in evaluate(entry, recipe) if o.ok is False
+    recipe=True adds the recipe's limits (what stops a build here, see `recipe_limits`). ops=False: the stack
+    never compiles DeepSpeed's CUDA ops (this recipe always prebuilds them; see rules with `needs: ops`)."""
+    return [Violation(o.rule, o.field, o.reason, o.source) for o in evaluate(entry, recipe, ops) if o.ok is False
             and (recipe or o.rule not in RECIPE_RULES)]
 
 
@@ -111,7 +112,7 @@ def recipe_limits(entry: Entry) -> list[Violation]:
             and o.rule in RECIPE_RULES]
 
 
-def evaluate(entry: Entry, recipe: bool = True) -> list[Outcome]:
+def evaluate(entry: Entry, recipe: bool = True, ops: bool = True) -> list[Outcome]:
     """Every rule checked for the entry, in a stable order, with its outcome and source."""
     torch = _torch_facts(entry)
     if torch is None:
@@ -122,7 +123,7 @@ def evaluate(entry: Entry, recipe: bool = True) -> list[Outcome]:
     found = _check_torch(entry, torch)
     found += _check_base(entry, recipe)
     found += _check_flash_attn(entry)
-    found += [_constraint(entry, rule) for rule in constraint_rules()]
+    found += [_constraint(entry, rule, ops) for rule in constraint_rules()]
     found += _check_toolchain(entry, recipe)
     return found
 
@@ -490,6 +491,14 @@ def constraint_rules() -> tuple[dict, ...]:
                         "then": {dep: row[dep]}, "field": name, "source": row["source"],
                         "reason": f"{name} {{{name}}} needs {'torch' if dep == 'torch' else 'Python'} {row[dep]}, "
                                   f"the entry has {{{dep}}}"})
+    for row in rules().get("declared", []):
+        name = row["package"]
+        for dep, spec in row["requires"].items():
+            shown = "Python" if dep == "python" else dep
+            out.append({"id": f"{name}-declares-{dep}", "kind": "requires", "when": {name: row["versions"]},
+                        "then": {dep: spec}, "field": name, "source": row["source"],
+                        "reason": f"{name} {{{name}}} declares {shown} {spec} in its package metadata (the resolver "
+                                  f"enforces it only with the extra installed), the entry has {{{dep}}}"})
     out += rules().get("rules", [])
     return tuple(out)
 
@@ -504,11 +513,12 @@ def _matches(facts: dict[str, str], name: str, spec: str) -> bool:
     return spec == "*" or Version(facts[name]) in SpecifierSet(spec, prereleases=True)
 
 
-def _constraint(entry: Entry, rule: dict) -> Outcome:
+def _constraint(entry: Entry, rule: dict, ops: bool = True) -> Outcome:
     facts = _facts(entry)
     when = rule["when"]
-    applies = all(_matches(facts, k, v) for k, v in when.items())
-    cond = ", ".join(f"{k} {v}" for k, v in when.items())
+    applies = all(_matches(facts, k, v) for k, v in when.items()) and (ops or rule.get("needs") != "ops")
+    cond = ", ".join(f"{k} {v}" for k, v in when.items()) + (" when DeepSpeed's CUDA ops are compiled"
+                                                             if rule.get("needs") == "ops" else "")
     if not applies:
         return Outcome(rule["id"], rule["kind"], rule["field"], None, f"applies to {cond}", rule["source"])
     if rule["kind"] == "forbids":
