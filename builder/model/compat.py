@@ -174,7 +174,8 @@ def has_devel_base(entry: Entry) -> bool:
 def deepspeed_needs_nvcc(entry: Entry) -> bool:
     """Does the entry's DeepSpeed need nvcc in the image to import on a GPU host (toolchain.deepspeed_needs_nvcc)?"""
     pinned = entry.pins.get("deepspeed")
-    return pinned is not None and Version(pinned) in SpecifierSet(rules()["toolchain"]["deepspeed_needs_nvcc"]["versions"])
+    versions = rules()["toolchain"]["deepspeed_needs_nvcc"]["versions"]
+    return pinned is not None and Version(pinned) in SpecifierSet(versions)
 
 
 def nvcc_in_image(entry: Entry) -> bool:
@@ -264,14 +265,16 @@ def derivations(entry: Entry) -> list[tuple[str, str, str, str]]:
         out.append(("ops toolchain", "none reachable", f"no toolchain.nvcc source for CUDA {entry.cuda} on "
                     f"'{entry.base_name}': build stops (exit 3)", "compat.yaml toolchain.nvcc"))
     else:
-        where = {"pypi": f"PyPI {source.get('requirement', '')}", "debian": f"Debian {', '.join(source.get('packages', []))}"
-                 f" ({source.get('base')})", "image": "NVIDIA's devel image"}[source["kind"]]
+        packages = ", ".join(source.get("packages", []))
+        where = {"pypi": f"PyPI {source.get('requirement', '')}", "debian": f"Debian {packages} ({source.get('base')})",
+                 "image": "NVIDIA's devel image"}[source["kind"]]
         out.append(("ops toolchain", f"nvcc from {where}", f"host compiler {source.get('host_cxx', 'g++')}, "
                     f"CUDA_HOME {source['cuda_home']}", source["source"]))
     archs = t["cuda_archs"].get(entry.cuda)
     if archs is not None:
         arch_list = entry.cuda_archs or archs["default"]
-        why = "set by the entry" if entry.cuda_archs else f"default for CUDA {entry.cuda}: one SASS per GPU generation, PTX for the newest"
+        why = ("set by the entry" if entry.cuda_archs else
+               f"default for CUDA {entry.cuda}: one SASS per GPU generation, PTX for the newest")
         out.append(("arch list", arch_list, f"{why}; covers {', '.join(claimed_gpus(entry)) or 'no claimed GPU'}",
                     archs["source"]))
     return out

@@ -102,7 +102,7 @@ def _data(name: str) -> str:
 
 
 def render_all(entries: list[Entry]) -> dict[str, dict[str, str]]:
-    compat.require(entries, recipe=True)  # nothing is written for a matrix that breaks a rule or the recipe cannot build
+    compat.require(entries, recipe=True)  # nothing is written that breaks a rule or that the recipe cannot build
     return {e.tag: render_entry(e) for e in entries}
 
 
