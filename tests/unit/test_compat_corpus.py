@@ -63,7 +63,9 @@ def violated(entry: Entry, ops: bool = True) -> dict[str, compat.Violation]:
 
 
 def test_corpus_size_and_sources():
-    assert len(CORPUS["good"]) >= 30 and len(CORPUS["bad"]) >= 30
+    # 69 cases before issue 22, 62 added from sources not used before (lock files of h2o-llmstudio, open-instruct,
+    # OpenRLHF and SimPO; failure reports): the corpus only grows.
+    assert len(CORPUS["good"]) >= 78 and len(CORPUS["bad"]) >= 53
     ids = [c["id"] for c in CORPUS["good"] + CORPUS["bad"]]
     assert len(ids) == len(set(ids)), "case ids must be unique"
     for case in CORPUS["good"] + CORPUS["bad"]:
