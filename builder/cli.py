@@ -46,6 +46,10 @@ def select(args, m: matrix.Matrix, default_all: bool = True) -> list[matrix.Entr
 
 def cmd_validate(args, m: matrix.Matrix) -> int:
     entries = select(args, m)
+    if args.explain:  # every rule and every derivation, before the verdict
+        from builder.model import explain
+
+        print("\n\n".join(explain.report(e) for e in entries))
     compat.require(entries)
     if args.strict:
         problems = matrix.strict_problems(m)
@@ -135,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verb("validate", "check the matrix schema and compatibility rules", tags=True)
     p.add_argument("--strict", action="store_true", help="also require every base pinned by digest with its source")
+    p.add_argument("--explain", action="store_true", help="print every rule checked and what the recipe derives "
+                   "(as `compat TAG`)")
     p.set_defaults(handler=cmd_validate, needs_matrix=True)
     verb("list", "table of the matrix entries", tags=True).set_defaults(handler=cmd_list, needs_matrix=True)
     p = verb("matrix", "the GitHub Actions strategy.matrix JSON", tags=True)

@@ -200,7 +200,7 @@ def test_debian_nvcc_is_build_only(project):
 # --- two judgements: does it work (validate, exit 2) vs can the recipe build it here (build, exit 3) ---------
 
 
-def test_deepspeed_before_0_19_8_gets_nvcc_derived_not_demanded(project):
+def test_deepspeed_before_0_19_8_gets_nvcc_derived_not_demanded(project, capsys):
     e = entry_with(project, "    nvcc: true\n", "")
     assert not e.nvcc and compat.check(e) == [] and compat.recipe_limits(e) == []
     assert compat.toolchain(e)["nvcc_in_image"] is True
@@ -208,6 +208,9 @@ def test_deepspeed_before_0_19_8_gets_nvcc_derived_not_demanded(project):
     assert derived["nvcc in image"][0] == "yes" and "0.15.1 < 0.19.8" in derived["nvcc in image"][1]
     assert derived["arch list"][0] == "7.0;8.0;9.0+PTX"
     assert run_cli("validate", "cu121-torch2.3") == 0
+    assert run_cli("validate", "--explain", "cu121-torch2.3") == 0
+    out = capsys.readouterr().out
+    assert "derived by the recipe" in out and "0.15.1 < 0.19.8 fails `import deepspeed`" in out
 
 
 def test_newer_deepspeed_derives_no_nvcc(project):

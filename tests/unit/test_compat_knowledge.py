@@ -131,7 +131,8 @@ def test_report_lists_rules_with_evidence_and_derived_facts():
     assert "| flash-attn-abi " in text and "| pass " in text
     assert "https://github.com/Dao-AILab/flash-attention/issues/1783" in text  # evidence column
     assert "flash_attn-2.7.4.post1+cu12torch2.6cxx11abiFALSE-cp310-cp310-linux_x86_64.whl" in text
-    assert "min driver: 525.60.13" in text and "arch: flash-attn kernels need compute capability >= 8.0" in text
+    assert "min driver: 525.60.13" in text and "flash-attn kernels need compute capability >= 8.0" in text
+    assert "| arch list     | 7.0;8.0;9.0+PTX" in text  # derived, with its evidence
 
 
 def test_report_of_a_broken_entry_names_the_failure_and_derives_nothing():
