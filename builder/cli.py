@@ -33,7 +33,8 @@ def options_from(args: argparse.Namespace, cls):
 
 def run_step(module, args, m: matrix.Matrix) -> int:
     entries = matrix.choose(m, args.tags, args.all, default_all=module.DEFAULT_ALL)
-    compat.require(entries)
+    # Steps that make an image also need the recipe to cover the entry: what it cannot build is exit 3.
+    compat.require(entries, recipe=module.NAME in compat.RECIPE_STEPS)
     options = options_from(args, module.Options)
     options = module.prepare(entries, options) or options  # prepare may fill in what it read (a password)
     outcomes = runner.run(module.NAME, entries, lambda entry: module.run(entry, options))

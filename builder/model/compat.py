@@ -8,8 +8,18 @@ The knowledge lives in the YAML; this module only knows the *kinds* of rule:
 - `requires` / `forbids` constraints between pinned versions (the `packages:` minimums are the
   `requires` kind written compactly).
 
-`evaluate` returns every rule checked with its outcome and source (for `compat TAG`); `check`
-returns only the violations; `derive` returns the facts other steps need (driver floors, ABI, wheel URL).
+Two judgements, kept apart:
+- does the combination work? `check` returns those violations; `validate` and `compat TAG` reject
+  (exit 2) only for them, each with its source;
+- can this project's recipe build it from what this machine reaches? `recipe_limits` returns what stops
+  the recipe (no nvcc source for the CUDA line on that base, a base whose python3 is another version,
+  a build-only nvcc the image would need): `require(..., recipe=True)` stops render/lock/build with
+  exit 3 naming it, while `validate` accepts the combination.
+What the recipe needs is derived, never demanded: nvcc in the image for DeepSpeed < 0.19.8, the ops
+toolchain, the arch list (`derivations`, shown by `compat TAG`).
+
+`evaluate` returns every rule checked with its outcome and source (for `compat TAG`); `derive` returns
+the facts other steps need (driver floors, ABI, wheel URL).
 """
 
 from __future__ import annotations
@@ -23,13 +33,20 @@ import yaml
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from builder.errors import CompatError
+from builder.errors import CompatError, EnvironmentProblem
 from builder.model.matrix import Entry
 
 PYPI_HOSTS = ("pypi.org", "pypi.python.org", "files.pythonhosted.org")
-# Rules about this project's Dockerfile recipe (the image uses the base's own python3), not about
-# whether the software combination works; `check(entry, recipe=False)` leaves them out.
-RECIPE_RULES = ("base-os", "base-python")
+# Rules about this project's Dockerfile recipe and the sources it reaches (the image uses the base's own
+# python3; the ops stage needs an nvcc source for the CUDA line and base), not about whether the software
+# combination works: they stop a build (exit 3), never `validate` (exit 2).
+RECIPE_RULES = ("base-os", "base-python", "nvcc-source", "nvcc-in-image", "cuda-archs-known")
+# Steps that turn an entry into an image and so need the recipe to cover it (cli.run_step).
+RECIPE_STEPS = ("render", "lock", "build", "repro", "smoke")
+
+
+class RecipeLimit(EnvironmentProblem):
+    """The combination works, but this project's recipe cannot build it from the sources it reaches."""
 
 
 @dataclass(frozen=True)
@@ -81,12 +98,21 @@ def uses_pypi(entry: Entry) -> bool:
     return any(host in entry.index_url for host in PYPI_HOSTS)
 
 
-def check(entry: Entry, recipe: bool = True) -> list[Violation]:
-    """Every rule the entry breaks; empty when it is a supported combination."""
-    return [Violation(o.rule, o.field, o.reason, o.source) for o in evaluate(entry, recipe) if o.ok is False]
+def check(entry: Entry, recipe: bool = False, ops: bool = True) -> list[Violation]:
+    """Every compatibility rule the entry breaks (the combination does not work); empty when it works.
+    recipe=True adds the recipe's limits (what stops a build here, see `recipe_limits`). ops=False: the stack
+    never compiles DeepSpeed's CUDA ops (this recipe always prebuilds them; see rules with `needs: ops`)."""
+    return [Violation(o.rule, o.field, o.reason, o.source) for o in evaluate(entry, recipe, ops) if o.ok is False
+            and (recipe or o.rule not in RECIPE_RULES)]
 
 
-def evaluate(entry: Entry, recipe: bool = True) -> list[Outcome]:
+def recipe_limits(entry: Entry) -> list[Violation]:
+    """What stops this project's recipe from building a combination that works: exit 3, not exit 2."""
+    return [Violation(o.rule, o.field, o.reason, o.source) for o in evaluate(entry, True) if o.ok is False
+            and o.rule in RECIPE_RULES]
+
+
+def evaluate(entry: Entry, recipe: bool = True, ops: bool = True) -> list[Outcome]:
     """Every rule checked for the entry, in a stable order, with its outcome and source."""
     torch = _torch_facts(entry)
     if torch is None:
@@ -97,7 +123,7 @@ def evaluate(entry: Entry, recipe: bool = True) -> list[Outcome]:
     found = _check_torch(entry, torch)
     found += _check_base(entry, recipe)
     found += _check_flash_attn(entry)
-    found += [_constraint(entry, rule) for rule in constraint_rules()]
+    found += [_constraint(entry, rule, ops) for rule in constraint_rules()]
     found += _check_toolchain(entry, recipe)
     return found
 
@@ -141,34 +167,40 @@ def claimed_gpus(entry: Entry) -> tuple[str, ...]:
     return tuple(rules()["toolchain"]["claims"].get(str(Version(entry.cuda).major), ()))
 
 
+def has_devel_base(entry: Entry) -> bool:
+    return "-devel" in entry.base_name  # an nvidia/cuda devel base ships nvcc itself
+
+
+def deepspeed_needs_nvcc(entry: Entry) -> bool:
+    """Does the entry's DeepSpeed need nvcc in the image to import on a GPU host (toolchain.deepspeed_needs_nvcc)?"""
+    pinned = entry.pins.get("deepspeed")
+    versions = rules()["toolchain"]["deepspeed_needs_nvcc"]["versions"]
+    return pinned is not None and Version(pinned) in SpecifierSet(versions)
+
+
+def nvcc_in_image(entry: Entry) -> bool:
+    """nvcc goes into the image when the entry asks for it or its DeepSpeed needs it: derived, not demanded."""
+    return entry.nvcc or (deepspeed_needs_nvcc(entry) and not has_devel_base(entry))
+
+
 def _check_toolchain(entry: Entry, recipe: bool) -> list[Outcome]:
-    """DeepSpeed's nvcc need (any image), then our ops recipe: an nvcc source, archs it compiles, GPUs covered."""
+    """DeepSpeed's nvcc need (derived), the GPUs the ops cover; with recipe, the recipe's nvcc source and arch data."""
     t = rules()["toolchain"]
-    found = []
     ds_rule = t["deepspeed_needs_nvcc"]
     pinned = entry.pins.get("deepspeed")
-    applies = pinned is not None and Version(pinned) in SpecifierSet(ds_rule["versions"])
-    has_nvcc = entry.nvcc or "-devel" in entry.base_name  # a devel base ships nvcc itself
-    found.append(Outcome("deepspeed-nvcc", "toolchain", "deepspeed", (has_nvcc if applies else None),
-                         f"DeepSpeed {pinned} fails at `import deepspeed` on a GPU host without nvcc in the image"
-                         + ("" if not applies or has_nvcc else ": set `nvcc: true` or use DeepSpeed >= 0.19.8"),
-                         ds_rule["source"]))
-    if not recipe:
-        return found
+    needs = deepspeed_needs_nvcc(entry)
+    found = [Outcome("deepspeed-nvcc", "derived", "deepspeed", True if needs else None,
+                     (f"DeepSpeed {pinned} fails at `import deepspeed` on a GPU host without nvcc: "
+                      + ("the devel base ships nvcc" if has_devel_base(entry) else "nvcc is put into the image"))
+                     if needs else "DeepSpeed >= 0.19.8 (or none) imports without nvcc", ds_rule["source"])]
     source = nvcc_source(entry)
-    if source is not None and entry.nvcc and source.get("in_image") is False:
-        found.append(Outcome("nvcc-in-image", "toolchain", "nvcc", False,
-                             f"nvcc from {source['kind']} ({', '.join(source['packages'])}) is build-only: it drags in "
-                             "libcuda1, which shadows the host driver (CUDA error 803); set nvcc: false",
-                             source["source"]))
-    found.append(Outcome("nvcc-source", "toolchain", "cuda", source is not None,
-                         f"nvcc for the ops stage from {source['kind']}" if source else
-                         f"no nvcc source for CUDA {entry.cuda} on base '{entry.base_name}' in compat.yaml "
-                         "toolchain.nvcc: the ops cannot be built", (source or {}).get("source", "compat.yaml")))
+    if recipe:
+        found += _check_nvcc_source(entry, source)
     archs = t["cuda_archs"].get(entry.cuda)
     if archs is None:
-        return found + [Outcome("cuda-archs-known", "toolchain", "cuda", False, f"no arch data for CUDA {entry.cuda} "
-                                "in compat.yaml toolchain.cuda_archs", "compat.yaml toolchain.cuda_archs")]
+        return found + ([Outcome("cuda-archs-known", "recipe", "cuda", False, f"no arch data for CUDA {entry.cuda} "
+                                 "in compat.yaml toolchain.cuda_archs: the ops' arch list cannot be derived",
+                                 "compat.yaml toolchain.cuda_archs")] if recipe else [])
     arch_list = entry.cuda_archs or archs["default"]
     field = "cuda_archs" if entry.cuda_archs else "cuda"
     for token in arch_list.split(";"):
@@ -176,7 +208,30 @@ def _check_toolchain(entry: Entry, recipe: bool) -> list[Outcome]:
             found.append(Outcome("cuda-archs-nvcc", "toolchain", field, False, f"nvcc {entry.cuda} cannot compile sm_"
                                  f"{token.split('+')[0].replace('.', '')} (it compiles {', '.join(archs['nvcc'])})",
                                  archs["source"]))
+    return found + _check_gpus(entry, arch_list, field)
+
+
+def _check_nvcc_source(entry: Entry, source: dict | None) -> list[Outcome]:
+    found = []
+    if source is not None and nvcc_in_image(entry) and source.get("in_image") is False:
+        why = "the entry sets nvcc: true" if entry.nvcc else f"DeepSpeed {entry.pins['deepspeed']} needs nvcc at import"
+        found.append(Outcome("nvcc-in-image", "recipe", "nvcc", False,
+                             f"{why}, but the only nvcc source for CUDA {entry.cuda} on this base, {source['kind']} "
+                             f"({', '.join(source['packages'])}), is build-only: it drags in libcuda1, which shadows "
+                             "the host driver (CUDA error 803); use DeepSpeed >= 0.19.8, an nvidia/cuda base, or "
+                             "set nvcc: false", source["source"]))
+    found.append(Outcome("nvcc-source", "recipe", "cuda", source is not None,
+                         f"nvcc for the ops stage from {source['kind']}" if source else
+                         f"no nvcc source reachable for CUDA {entry.cuda} on base '{entry.base_name}' "
+                         "(compat.yaml toolchain.nvcc): the DeepSpeed ops cannot be built here",
+                         (source or {}).get("source", "compat.yaml")))
+    return found
+
+
+def _check_gpus(entry: Entry, arch_list: str, field: str) -> list[Outcome]:
+    t = rules()["toolchain"]
     table = t["gpus"]["capability"]
+    found = []
     for gpu in claimed_gpus(entry):
         cap = table.get(gpu)
         if cap is None:
@@ -189,6 +244,40 @@ def _check_toolchain(entry: Entry, recipe: bool) -> list[Outcome]:
                                     f"list {arch_list}: add {cap} or a PTX arch <= {cap}, or drop the GPU"),
                                  t["gpus"]["source"]))
     return found
+
+
+def derivations(entry: Entry) -> list[tuple[str, str, str, str]]:
+    """(what, value, why, source) for each thing the recipe derives from the entry instead of demanding it."""
+    t = rules()["toolchain"]
+    out = []
+    needs, source = deepspeed_needs_nvcc(entry), nvcc_source(entry)
+    if entry.nvcc:
+        why = "the entry sets nvcc: true"
+    elif needs and has_devel_base(entry):
+        why = f"DeepSpeed {entry.pins['deepspeed']} needs nvcc at import; the devel base ships it"
+    elif needs:
+        why = f"DeepSpeed {entry.pins['deepspeed']} < 0.19.8 fails `import deepspeed` on a GPU host without nvcc"
+    else:
+        why = "DeepSpeed >= 0.19.8 imports without nvcc; the ops are prebuilt"
+    out.append(("nvcc in image", "yes" if nvcc_in_image(entry) else "no", why,
+                t["deepspeed_needs_nvcc"]["source"]))
+    if source is None:
+        out.append(("ops toolchain", "none reachable", f"no toolchain.nvcc source for CUDA {entry.cuda} on "
+                    f"'{entry.base_name}': build stops (exit 3)", "compat.yaml toolchain.nvcc"))
+    else:
+        packages = ", ".join(source.get("packages", []))
+        where = {"pypi": f"PyPI {source.get('requirement', '')}", "debian": f"Debian {packages} ({source.get('base')})",
+                 "image": "NVIDIA's devel image"}[source["kind"]]
+        out.append(("ops toolchain", f"nvcc from {where}", f"host compiler {source.get('host_cxx', 'g++')}, "
+                    f"CUDA_HOME {source['cuda_home']}", source["source"]))
+    archs = t["cuda_archs"].get(entry.cuda)
+    if archs is not None:
+        arch_list = entry.cuda_archs or archs["default"]
+        why = ("set by the entry" if entry.cuda_archs else
+               f"default for CUDA {entry.cuda}: one SASS per GPU generation, PTX for the newest")
+        out.append(("arch list", arch_list, f"{why}; covers {', '.join(claimed_gpus(entry)) or 'no claimed GPU'}",
+                    archs["source"]))
+    return out
 
 
 def toolchain(entry: Entry) -> dict:
@@ -223,7 +312,7 @@ def toolchain(entry: Entry) -> dict:
         "host_cxx": nvcc.get("host_cxx", "g++"),
         "cpu_target": t["cpu_target"],
         "nvcc_bytes_cmd": size,
-        "nvcc_in_image": entry.nvcc,
+        "nvcc_in_image": nvcc_in_image(entry),
         "container_env": None if on_nvidia_base else t["container_env"],
     }
 
@@ -405,6 +494,14 @@ def constraint_rules() -> tuple[dict, ...]:
                         "then": {dep: row[dep]}, "field": name, "source": row["source"],
                         "reason": f"{name} {{{name}}} needs {'torch' if dep == 'torch' else 'Python'} {row[dep]}, "
                                   f"the entry has {{{dep}}}"})
+    for row in rules().get("declared", []):
+        name = row["package"]
+        for dep, spec in row["requires"].items():
+            shown = "Python" if dep == "python" else dep
+            out.append({"id": f"{name}-declares-{dep}", "kind": "requires", "when": {name: row["versions"]},
+                        "then": {dep: spec}, "field": name, "source": row["source"],
+                        "reason": f"{name} {{{name}}} declares {shown} {spec} in its package metadata (the resolver "
+                                  f"enforces it only with the extra installed), the entry has {{{dep}}}"})
     out += rules().get("rules", [])
     return tuple(out)
 
@@ -419,11 +516,12 @@ def _matches(facts: dict[str, str], name: str, spec: str) -> bool:
     return spec == "*" or Version(facts[name]) in SpecifierSet(spec, prereleases=True)
 
 
-def _constraint(entry: Entry, rule: dict) -> Outcome:
+def _constraint(entry: Entry, rule: dict, ops: bool = True) -> Outcome:
     facts = _facts(entry)
     when = rule["when"]
-    applies = all(_matches(facts, k, v) for k, v in when.items())
-    cond = ", ".join(f"{k} {v}" for k, v in when.items())
+    applies = all(_matches(facts, k, v) for k, v in when.items()) and (ops or rule.get("needs") != "ops")
+    cond = ", ".join(f"{k} {v}" for k, v in when.items()) + (" when DeepSpeed's CUDA ops are compiled"
+                                                             if rule.get("needs") == "ops" else "")
     if not applies:
         return Outcome(rule["id"], rule["kind"], rule["field"], None, f"applies to {cond}", rule["source"])
     if rule["kind"] == "forbids":
@@ -448,11 +546,17 @@ class _Missing(dict):
 # --- outputs ---------------------------------------------------------------------------------------------
 
 
-def require(entries) -> None:
-    """Raise one CompatError listing every violation of the given entries."""
+def require(entries, recipe: bool = False) -> None:
+    """Raise one CompatError (exit 2) listing every compatibility violation of the entries; with recipe, then
+    one RecipeLimit (exit 3) listing what stops the recipe from building combinations that work."""
     lines = [v.render(e) for e in entries for v in check(e)]
     if lines:
         raise CompatError("\n".join(lines), "change the entry or, if the rule is wrong, fix compat.yaml with a source")
+    limits = [v.render(e) for e in entries for v in recipe_limits(e)] if recipe else []
+    if limits:
+        raise RecipeLimit("\n".join(limits), "the combination works (validate accepts it), but this recipe cannot "
+                          "build it from the sources this machine reaches: add a source to compat.yaml toolchain "
+                          "or base_os with its evidence, or build it elsewhere")
 
 
 def derive(entry: Entry) -> dict:

@@ -9,24 +9,6 @@ from builder.model import compat
 from builder.model.matrix import Entry
 
 _MARK = {True: "pass", False: "FAIL", None: "n/a"}
-_ARCH_KEYS = ("arch_list", "archs", "arch", "cuda_archs", "sm")
-
-
-def _arch_facts(entry: Entry) -> list[str]:
-    """GPU architectures as far as compat.yaml knows them (torch/CUDA arch data may be added by other rules)."""
-    data = compat.rules()
-    found = []
-    for where, facts in (("torch " + compat.minor(entry.torch), data["torch"].get(compat.minor(entry.torch), {})),
-                         ("CUDA " + entry.cuda, data["cuda"].get(entry.cuda, {}))):
-        for key in _ARCH_KEYS:
-            if key in facts:
-                found.append(f"{where}: {key} {facts[key]}")
-    for key in _ARCH_KEYS:
-        if key in data:
-            found.append(f"compat.yaml {key}: {data[key]}")
-    if entry.pins.get("flash-attn"):
-        found.append(f"flash-attn kernels need compute capability >= {data['flash_attn']['min_capability']}")
-    return found or ["no architecture data in compat.yaml for this torch/CUDA build"]
 
 
 def _base_cuda(entry: Entry) -> str | None:
@@ -39,14 +21,19 @@ def report(entry: Entry, recipe: bool = True) -> str:
     # Version constraints that do not apply to these pins are listed by id only, to keep the table readable.
     idle = [o for o in outcomes if o.ok is None and o.kind in ("requires", "forbids")]
     rows = [[o.rule, o.kind, _MARK[o.ok], o.reason, o.source or "—"] for o in outcomes if o not in idle]
-    failed = [o for o in outcomes if o.ok is False]
+    failed = [o for o in outcomes if o.ok is False and o.rule not in compat.RECIPE_RULES]
+    limits = [o for o in outcomes if o.ok is False and o.rule in compat.RECIPE_RULES]
     head = f"{entry.tag}: torch {entry.torch} (CUDA {entry.cuda} build), Python {entry.python}, base {entry.base_name}"
     lines = [head, log.table(("rule", "kind", "result", "why", "evidence"), rows)]
     if idle:
         lines.append("not applicable to these pins: " + "; ".join(f"{o.rule} ({o.reason})" for o in idle))
-    lines.append("")
+    lines += ["", "derived by the recipe (not asked of the entry):",
+              log.table(("what", "value", "why", "evidence"), [list(d) for d in compat.derivations(entry)])]
+    if limits:
+        lines.append(f"the recipe cannot build it here (build stops with exit 3, validate accepts it): "
+                     f"{', '.join(o.rule for o in limits)}")
     if failed:
-        lines.append(f"{len(failed)} rule(s) broken: {', '.join(o.rule for o in failed)}")
+        lines.append(f"{len(failed)} compatibility rule(s) broken: {', '.join(o.rule for o in failed)}")
         return "\n".join(lines)
     facts = compat.derive(entry)
     base_cuda = _base_cuda(entry)
@@ -59,5 +46,6 @@ def report(entry: Entry, recipe: bool = True) -> str:
     if base_cuda and base_cuda != entry.cuda:
         lines.append(f"base declares CUDA {base_cuda}: the NVIDIA container runtime requires a driver for CUDA "
                      f"{base_cuda} (NVIDIA_REQUIRE_CUDA) even though torch only needs {entry.cuda}")
-    lines.append("arch: " + "; ".join(_arch_facts(entry)))
+    if entry.pins.get("flash-attn"):
+        lines.append(f"flash-attn kernels need compute capability >= {compat.rules()['flash_attn']['min_capability']}")
     return "\n".join(lines)

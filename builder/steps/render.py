@@ -74,7 +74,7 @@ def facts(entry: Entry) -> dict:
                 "cuda_ops": [o["name"] for o in tc["ops"] if o["cuda"]], "cpu_target": tc["cpu_target"]["march"],
                 "nvcc": tc["nvcc"]["kind"]},
         "gpu_capability": {g: compat.rules()["toolchain"]["gpus"]["capability"][g] for g in tc["gpus"]},
-        "nvcc_in_image": entry.nvcc,
+        "nvcc_in_image": tc["nvcc_in_image"],
         "index_url": entry.index_url,
     }
 
@@ -102,7 +102,7 @@ def _data(name: str) -> str:
 
 
 def render_all(entries: list[Entry]) -> dict[str, dict[str, str]]:
-    compat.require(entries)  # nothing is written for a matrix that breaks a rule
+    compat.require(entries, recipe=True)  # nothing is written that breaks a rule or that the recipe cannot build
     return {e.tag: render_entry(e) for e in entries}
 
 

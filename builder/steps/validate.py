@@ -16,14 +16,21 @@ NEEDS_MATRIX = True
 @dataclass(frozen=True)
 class Options(matrix.Selection):
     strict: bool = False
+    explain: bool = False
 
 
 def add_arguments(p) -> None:
     p.add_argument("--strict", action="store_true", help="also require every base pinned by digest with its source")
+    p.add_argument("--explain", action="store_true", help="print every rule checked and what the recipe derives "
+                   "(as `compat TAG`)")
 
 
 def main(options: Options, m: matrix.Matrix) -> int:
     entries = options.entries(m)
+    if options.explain:  # every rule and every derivation, before the verdict
+        from builder.model import explain
+
+        print("\n\n".join(explain.report(e) for e in entries))
     compat.require(entries)
     if options.strict:
         problems = matrix.strict_problems(m)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from builder.model import compat, matrix
-from tests.conftest import VALID_MATRIX
+from tests.conftest import VALID_MATRIX, run_cli
 
 
 def entry_with(project, old: str, new: str, tag: str = "cu121-torch2.3") -> matrix.Entry:
@@ -60,7 +60,6 @@ def test_compat_data_is_complete_and_well_formed():
 
 @pytest.mark.parametrize("old, new, rule, words", [
     ('cuda: "12.1"', 'cuda: "12.4"', "torch-cuda", "has no CUDA 12.4 build"),
-    ('python: "3.10"', 'python: "3.12"', "base-python", "Ubuntu 22.04 ships Python 3.10"),
     ("12.1.1-runtime-ubuntu22.04", "11.8.0-devel-ubuntu22.04", "base-cuda-compiler", "mismatches the version"),
     ("flash-attn: 2.6.3", "flash-attn: 2.8.3", "flash-attn-torch", "no prebuilt wheel for torch 2.3"),
     ("flash-attn: 2.6.3", "flash-attn: 2.4.2", "flash-attn-known", "not in the compatibility data"),
@@ -123,7 +122,6 @@ BOOKWORM = "cu130-torch2.13-bookworm"
 
 
 @pytest.mark.parametrize("old, new, tag, rule, words", [
-    ("    nvcc: true\n", "", "cu121-torch2.3", "deepspeed-nvcc", "DeepSpeed 0.15.1 fails at `import deepspeed`"),
     ("    runner: [ubuntu-latest]", '    cuda_archs: "8.0;9.0"\n    runner: [ubuntu-latest]', BOOKWORM, "gpu-archs",
      "B200 (compute capability 10.0) has no code in the ops' arch list"),
     ("    runner: [ubuntu-latest]", '    cuda_archs: "7.0;9.0+PTX"\n    runner: [ubuntu-latest]', BOOKWORM,
@@ -194,5 +192,56 @@ def test_debian_nvcc_is_build_only(project):
     (project / "matrix.yaml").write_text(text)
     e = matrix.load(project / "matrix.yaml").by_tag()["cu124-torch2.6-trixie"]
     assert compat.toolchain(e)["host_cxx"] == "g++-13"  # nvcc 12.4 accepts GCC <= 13; trixie's default is 14
-    found = [v for v in compat.check(e) if v.rule == "nvcc-in-image"]
+    assert compat.check(e) == []  # the combination works: validate accepts it
+    found = [v for v in compat.recipe_limits(e) if v.rule == "nvcc-in-image"]
     assert found and "libcuda1" in found[0].reason
+
+
+# --- two judgements: does it work (validate, exit 2) vs can the recipe build it here (build, exit 3) ---------
+
+
+def test_deepspeed_before_0_19_8_gets_nvcc_derived_not_demanded(project, capsys):
+    e = entry_with(project, "    nvcc: true\n", "")
+    assert not e.nvcc and compat.check(e) == [] and compat.recipe_limits(e) == []
+    assert compat.toolchain(e)["nvcc_in_image"] is True
+    derived = {what: (value, why) for what, value, why, _ in compat.derivations(e)}
+    assert derived["nvcc in image"][0] == "yes" and "0.15.1 < 0.19.8" in derived["nvcc in image"][1]
+    assert derived["arch list"][0] == "7.0;8.0;9.0+PTX"
+    assert run_cli("validate", "cu121-torch2.3") == 0
+    assert run_cli("validate", "--explain", "cu121-torch2.3") == 0
+    out = capsys.readouterr().out
+    assert "derived by the recipe" in out and "0.15.1 < 0.19.8 fails `import deepspeed`" in out
+
+
+def test_newer_deepspeed_derives_no_nvcc(project):
+    e = matrix.load(project / "matrix.yaml").by_tag()[BOOKWORM]
+    assert compat.toolchain(e)["nvcc_in_image"] is False
+    assert dict((w, v) for w, v, _, _ in compat.derivations(e))["nvcc in image"] == "no"
+
+
+def test_recipe_limit_is_accepted_by_validate_and_stops_render_with_exit_3(project, capsys):
+    # Python 3.12 on an Ubuntu 22.04 base works (with another Python), but this recipe uses the base's python3.
+    entry_with(project, 'python: "3.10"', 'python: "3.12"')
+    e = matrix.load(project / "matrix.yaml").by_tag()["cu121-torch2.3"]
+    assert compat.check(e) == []
+    assert [v.rule for v in compat.recipe_limits(e)] == ["base-python"]
+    assert run_cli("validate", "cu121-torch2.3") == 0
+    assert run_cli("compat", "cu121-torch2.3") == 0
+    assert "build stops with exit 3" in capsys.readouterr().out
+    assert run_cli("render", "cu121-torch2.3") == 3
+    assert "[base-python]" in capsys.readouterr().err
+
+
+def test_cuda12_ops_on_bookworm_without_nvcc_source_is_a_build_time_limit(project, capsys):
+    # DeepSpeed 0.15 on CUDA 12.1 over debian:bookworm-slim: a working stack (pip wheels bring CUDA), but no
+    # nvcc source for CUDA 12.1 on Debian 12 is reachable here.
+    old = "nvidia/cuda:12.1.1-runtime-ubuntu22.04@sha256:8bbc6e304b193e84327fa30d93eea70ec0213b808239a46602a919a479a73b12"
+    (project / "matrix.yaml").write_text(VALID_MATRIX.replace(old, "debian:bookworm-slim@sha256:" + "3" * 64).replace(
+        'python: "3.10"', 'python: "3.11"', 1))
+    e = matrix.load(project / "matrix.yaml").by_tag()["cu121-torch2.3"]
+    assert compat.check(e) == []
+    assert "nvcc-source" in {v.rule for v in compat.recipe_limits(e)}
+    assert run_cli("validate", "cu121-torch2.3") == 0
+    assert run_cli("build", "cu121-torch2.3") == 3
+    err = capsys.readouterr().err
+    assert "[nvcc-source]" in err and "no nvcc source reachable for CUDA 12.1" in err

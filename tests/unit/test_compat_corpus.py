@@ -14,7 +14,7 @@ from builder.model import compat
 from builder.model.matrix import PACKAGES, Entry
 
 CORPUS = yaml.safe_load((Path(__file__).parent / "data" / "compat_corpus.yaml").read_text())
-CASE_KEYS = {"id", "source", "note", "assumed", "rule", "python", "cuda", "base", "index_url", *PACKAGES}
+CASE_KEYS = {"id", "source", "note", "assumed", "rule", "ops", "python", "cuda", "base", "index_url", *PACKAGES}
 # The newest patch of each torch minor, for reports that do not name torch (only `complete` uses it).
 TORCH_RELEASES = ("2.13.0", "2.12.0", "2.11.0", "2.10.0", "2.9.1", "2.8.0", "2.7.1", "2.6.0", "2.5.1", "2.4.1",
                   "2.3.1", "2.2.2", "2.1.2", "2.0.1")
@@ -55,14 +55,17 @@ def complete(case: dict) -> Entry:
     )
 
 
-def violated(entry: Entry) -> dict[str, compat.Violation]:
+def violated(entry: Entry, ops: bool = True) -> dict[str, compat.Violation]:
     # recipe=False: base-os/base-python describe this project's Dockerfile (the base's own python3);
     # the corpus projects bring their own Python (conda, NGC), which is not a compatibility failure.
-    return {v.rule: v for v in compat.check(entry, recipe=False)}
+    # ops=False for a case whose stack never compiles DeepSpeed's CUDA ops (its `ops: false` says why).
+    return {v.rule: v for v in compat.check(entry, recipe=False, ops=ops)}
 
 
 def test_corpus_size_and_sources():
-    assert len(CORPUS["good"]) >= 30 and len(CORPUS["bad"]) >= 30
+    # 69 cases before issue 22, 62 added from sources not used before (lock files of h2o-llmstudio, open-instruct,
+    # OpenRLHF and SimPO; failure reports): the corpus only grows.
+    assert len(CORPUS["good"]) >= 78 and len(CORPUS["bad"]) >= 53
     ids = [c["id"] for c in CORPUS["good"] + CORPUS["bad"]]
     assert len(ids) == len(set(ids)), "case ids must be unique"
     for case in CORPUS["good"] + CORPUS["bad"]:
@@ -72,7 +75,7 @@ def test_corpus_size_and_sources():
 
 @pytest.mark.parametrize("case", CORPUS["good"], ids=[c["id"] for c in CORPUS["good"]])
 def test_shipped_combination_is_accepted(case):
-    found = violated(complete(case))
+    found = violated(complete(case), ops=case.get("ops", True))
     assert found == {}, f"{case['id']} ({case['source']}) wrongly rejected: " + "; ".join(
         f"[{r}] {v.reason}" for r, v in found.items())
 
