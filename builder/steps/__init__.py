@@ -38,6 +38,9 @@ TOOLS = {
     "manifest": "builder.steps.manifest",
     "diff": "builder.steps.diff",
     "refresh-compat": "builder.steps.refresh",
+    "plan": "builder.steps.plan",
+    "login": "builder.steps.login",
+    "sign": "builder.steps.sign",
 }
 
 
