@@ -9,33 +9,16 @@ covered by tests/integration. tests/workflow/harness.py says what stands for wha
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
 from tests.conftest import ROOT
 from tests.integration import registry_fixture
 from tests.workflow import harness
+from tests.workflow.conftest import TOKEN
 
-TOKEN = "harness-token"
 EVENTS = ("pull_request", "push", "schedule")
 pytestmark = pytest.mark.skipif(not registry_fixture.available(), reason="needs Debian's docker-registry")
-
-
-@pytest.fixture(scope="session")
-def venv(tmp_path_factory):
-    """The job's `make venv`, made once per session with the Makefile's own recipe (each clone links it)."""
-    path = tmp_path_factory.mktemp("workflow-venv") / "venv"
-    subprocess.run(["make", "-C", str(ROOT), "--no-print-directory", "venv", f"VENV={path}"], check=True,
-                   capture_output=True, timeout=900)
-    return path
-
-
-@pytest.fixture(scope="session")
-def local_registry(tmp_path_factory):
-    reg = registry_fixture.Registry(tmp_path_factory.mktemp("workflow-registry"), users={"ci": TOKEN}).start()
-    yield reg
-    reg.stop()
 
 
 @pytest.fixture(scope="session")
