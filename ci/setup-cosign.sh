@@ -22,9 +22,13 @@ Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 SRC
 apt_apart=(-o "Dir::Etc::SourceList=$state/trixie.sources" -o "Dir::Etc::SourceParts=/dev/null"
            -o "Dir::State::Lists=$state/lists" -o "Dir::Cache::Archives=$state/archives"
-           -o "Dir::Cache::pkgcache=" -o "Dir::Cache::srcpkgcache=")
+           -o "Dir::Cache::pkgcache=" -o "Dir::Cache::srcpkgcache=" -o "APT::Sandbox::User=root")
 log "apt-get update (a trixie source kept apart from the system's)"
 apt-get "${apt_apart[@]}" update -qq
+candidate=$(apt-cache "${apt_apart[@]}" policy cosign | sed -n 's/^ *Candidate: *//p')
+[ -n "$candidate" ] && [ "$candidate" != "(none)" ] \
+  || { echo "error: no cosign package in the trixie source (apt-cache policy cosign: ${candidate:-nothing})" >&2; exit 3; }
+log "cosign $candidate from trixie"
 ( cd "$state/archives" && apt-get "${apt_apart[@]}" download cosign >/dev/null )
 deb=$(ls -t "$state"/archives/cosign_*.deb | head -1)
 tmp=$(mktemp -d)
@@ -32,5 +36,5 @@ dpkg-deb -x "$deb" "$tmp"
 install -m 0755 "$tmp/usr/bin/cosign" "$dest/cosign"
 rm -rf "$tmp"
 "$dest/cosign" version >/dev/null 2>&1 || { echo "error: $dest/cosign does not run on this machine" >&2; exit 3; }
-log "cosign $("$dest/cosign" version 2>&1 | sed -n 's/^GitVersion: *//p') installed from $(basename "$deb")"
+log "$dest/cosign installed from $(basename "$deb")"
 echo "$dest/cosign"
