@@ -179,6 +179,8 @@ def signer(args: Options) -> cosign.Identity | None:
     if args.key and args.certificate_identity:
         raise UserError("give --key or --certificate-identity, not both")
     if args.key:
+        if not os.path.isfile(args.key):
+            raise UserError(f"--key {args.key}: no such file", "give the cosign public key (cosign.pub) to check with")
         return cosign.Identity(key=args.key)
     if args.certificate_identity:
         return cosign.Identity(certificate_identity=args.certificate_identity, issuer=args.certificate_oidc_issuer)
@@ -189,9 +191,10 @@ def signer(args: Options) -> cosign.Identity | None:
     return None
 
 
-def signatures(ref: str, image, identity: cosign.Identity) -> dict:
-    """cosign's verdict on the digest and on every SBOM/provenance beside it: ok, and one line per subject."""
-    where = registry_reference(ref, image)
+def signatures(ref: str, identity: cosign.Identity) -> dict:
+    """cosign's verdict on the digest and on every SBOM/provenance beside it: ok, one line per subject, and the
+    digest reference checked (a tag is resolved once, here, and that digest is what verify then pulls)."""
+    where = registry_reference(ref, None)
     if where is None:
         return {"ok": False, "lines": [f"signatures: {ref} names no registry digest to check (host/name@sha256:…)"]}
     repo, digest = where
@@ -204,22 +207,22 @@ def signatures(ref: str, image, identity: cosign.Identity) -> dict:
                      + (f"signed by {who}" if good else f"NOT signed by {identity.describe()}: {who}"))
     if len(subjects) == 1:
         lines.append("signatures: no attestations stored beside the digest")
-    return {"ok": ok, "lines": lines}
+    return {"ok": ok, "lines": lines, "ref": subjects[0][1]}
 
 
-def check_signatures(args: Options, image, identity: cosign.Identity | None) -> dict:
+def check_signatures(args: Options, identity: cosign.Identity | None) -> dict:
     """Signatures checked and printed; with --require-signature a bad one stops verify here (before the gate)."""
     if identity is None:
         return {"ok": None, "lines": ["signatures: not checked: the attestation lines are the registry's unsigned "
                                       "claims (pass --key or --certificate-identity)"]}
     with log.step(f"signatures of {args.image} ({identity.describe()})") as note:
-        signed = signatures(args.image, image, identity)
+        signed = signatures(args.image, identity)
         note["result"] = "valid" if signed["ok"] else "NOT valid"
-    if args.require_signature and not signed["ok"]:
-        for line in signed["lines"]:
-            print(f"  {line}")
-        raise StepFailed(f"{args.image} is not signed by {identity.describe()}",
-                         "do not use this image; check the identity you expect (docs/publishing.md)")
+        if args.require_signature and not signed["ok"]:
+            for line in signed["lines"]:
+                print(f"  {line}")
+            raise StepFailed(f"{args.image} is not signed by {identity.describe()}",
+                             "do not use this image; check the identity you expect (docs/publishing.md)")
     return signed
 
 
@@ -263,14 +266,17 @@ def main(args: Options, m=None) -> int:
     validate_options(args.image, args.timeout, args.shm_size, args.checks)
     identity = signer(args)
     if args.signatures_only:
-        signed = check_signatures(replace(args, require_signature=True), None, identity)
+        signed = check_signatures(replace(args, require_signature=True), identity)
         print(f"✓ PASS: {args.image}: digest and attestations signed")
         for line in signed["lines"]:
             print(f"  {line}")
         return 0
+    # Signatures first: nothing unsigned is pulled or run, and what runs is the digest that was checked.
+    signed = check_signatures(args, identity)
+    target = signed.get("ref") or args.image
     engine.sdk()  # no engine: EnvironmentProblem with how to start one
-    with log.step(f"image {args.image}") as note:
-        image = ensure_image(args.image, pull=not args.no_pull)
+    with log.step(f"image {target}") as note:
+        image = ensure_image(target, pull=not args.no_pull)
         facts = inspect.read_facts(image)
         note["result"] = f"{facts.get('tag')}: torch {facts.get('pins', {}).get('torch')}, CUDA {facts.get('cuda')}"
     with log.step("host") as note:
@@ -280,9 +286,8 @@ def main(args: Options, m=None) -> int:
     why_cpu = ("--cpu was given" if args.cpu else "no usable GPU here" if not gpus
                else "the host checks above failed")
     with log.step(f"attestations of {args.image}") as note:
-        attested = attestations_of(args.image, image)
+        attested = attestations_of(target, image)
         note["result"] = attested["lines"][0] if attested["lines"] else "—"
-    signed = check_signatures(args, image, identity)
     with log.step(f"smoke gate in {args.image} ({'GPU' if use_gpus else 'CPU'})") as note:
         gate = smoke.run_gate(image.id, gpus=use_gpus, timeout=args.timeout, shm_size=args.shm_size,
                               only=args.checks)

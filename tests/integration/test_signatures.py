@@ -110,6 +110,15 @@ def test_an_unsigned_image_fails(local_registry, keys):
     assert "is not signed by key" in proc.stderr and "signature of image" in proc.stdout
 
 
+def test_full_verify_refuses_an_unsigned_image_before_pulling_or_running_it(local_registry, keys):
+    """Without --signatures-only the check comes first: by tag too, with no engine asked anything."""
+    push_image(local_registry, "sig/bytag", "bytag")
+    proc = builder("verify", f"{local_registry.host}/sig/bytag:latest", "--require-signature",
+                   "--key", keys["ours"]["pub"])
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "is not signed by key" in proc.stderr and "▶ image" not in proc.stdout + proc.stderr
+
+
 def test_an_attestation_added_after_signing_fails(local_registry, keys):
     ref = push_image(local_registry, "sig/tampered", "tampered")
     assert builder("sign", ref, "--key", keys["ours"]["key"]).returncode == 0

@@ -75,6 +75,7 @@ def test_login_refuses_an_empty_password(tmp_path):
     ({"require_signature": True}, "--certificate-identity"),
     ({"signatures_only": True}, "--key PATH"),
     ({"key": "k.pub", "certificate_identity": "x"}, "not both"),
+    ({"key": "/nonexistent/cosign.pub"}, "no such file"),
 ])
 def test_verify_needs_exactly_one_signer_when_signatures_matter(flags, message):
     with pytest.raises(UserError, match=message):
