@@ -68,24 +68,11 @@ def cmd_matrix(args, m: matrix.Matrix) -> int:
     if args.runner:
         entries = [e for e in entries if plan.needs_gpu_gate(e) == (args.runner == "gpu")]
     if args.changed_against:
-        entries = [e for e in entries if not _published_and_current(e, args.changed_against)]
+        from builder.steps.plan import current  # the workflow's own plan step decides the same way
+
+        entries = [e for e in entries if not current(e, args.changed_against)]
     print(json.dumps(plan.github_matrix(entries), sort_keys=True))
     return 0
-
-
-def _published_and_current(entry: matrix.Entry, where: str) -> bool:
-    """Is the entry's alias in the registry an image of exactly these inputs? Unknown counts as no."""
-    from builder.boundary import buildkit, registry
-
-    repo = registry.repository(where, entry.image)
-    try:
-        labels = registry.config_labels(repo, entry.tag) or {}
-    except BuilderError as exc:
-        log.info(f"{entry.tag}: cannot read {repo.ref}:{entry.tag} ({exc.message}): planned for a rebuild")
-        return False
-    current = labels.get(f"{buildkit.LABEL_PREFIX}.input-hash") == buildkit.planned_input_hash(entry)
-    log.info(f"{entry.tag}: {'published image is current: skipped' if current else 'inputs changed: planned'}")
-    return current
 
 
 def cmd_compat(args, m: matrix.Matrix) -> int:
