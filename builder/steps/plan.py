@@ -73,7 +73,8 @@ def previous(entry: matrix.Entry, where: str) -> str:
     repo = registry.repository(where, entry.image)
     try:
         digest = registry.manifest_digest(repo, entry.tag)
-    except BuilderError:
+    except BuilderError as exc:
+        log.info(f"{entry.tag}: cannot read {repo.ref}:{entry.tag} ({exc.message}): no previous image to compare")
         return ""
     return f"{repo.ref}@{digest}" if digest else ""
 

@@ -43,12 +43,33 @@ def load(path: Path = WORKFLOW) -> dict:
 # --- expressions ----------------------------------------------------------------------------------------
 
 
-class Ctx(dict):
-    """A context object: missing keys read as '' (GitHub: null), attribute access like the expression syntax."""
+class Null:
+    """GitHub's null: what a missing property reads as; falsy, equal to '' and null, and null all the way down."""
 
     def __getattr__(self, name):
-        value = self.get(name.replace("-", "_"), self.get(name, ""))
-        return Ctx(value) if isinstance(value, dict) and not isinstance(value, Ctx) else wrap(value)
+        return self
+
+    def __getitem__(self, key):
+        return self
+
+    def __eq__(self, other):
+        return other is None or other == "" or isinstance(other, Null)
+
+    def __hash__(self):
+        return 0
+
+    def __bool__(self):
+        return False
+
+    def __str__(self):
+        return ""
+
+
+class Ctx(dict):
+    """A context object: attribute access like the expression syntax; a missing key reads as null."""
+
+    def __getattr__(self, name):
+        return wrap(self[name]) if name in self else Null()
 
 
 class Seq(list):
@@ -56,7 +77,7 @@ class Seq(list):
         try:
             return wrap(list.__getitem__(self, i))
         except IndexError:
-            return None
+            return Null()
 
 
 def wrap(value):
@@ -72,9 +93,9 @@ def evaluate(expression: str, ctx: dict):
     text = expression.strip()
     if text.startswith("${{") and text.endswith("}}"):
         text = text[3:-2]
-    text = text.replace("&&", " and ").replace("||", " or ")
-    text = re.sub(r"!(?!=)", " not ", text)
-    text = re.sub(r"\bnull\b", "None", re.sub(r"\btrue\b", "True", re.sub(r"\bfalse\b", "False", text)))
+    # Operators and literals are translated outside quoted strings only ('true' stays a string).
+    parts = re.split(r"('(?:[^']|'')*')", text)
+    text = "".join(part if i % 2 else _python_operators(part) for i, part in enumerate(parts))
     names = {k: wrap(v) for k, v in ctx.items()}
     names.update(fromJSON=lambda s: wrap(json.loads(s)), always=lambda: True, cancelled=lambda: False,
                  success=lambda: True, failure=lambda: False, startsWith=lambda a, b: str(a).startswith(str(b)),
@@ -83,12 +104,18 @@ def evaluate(expression: str, ctx: dict):
     return eval(text, {"__builtins__": {}}, names)  # noqa: S307 - our own workflow file, not user input
 
 
+def _python_operators(code: str) -> str:
+    code = code.replace("&&", " and ").replace("||", " or ")
+    code = re.sub(r"!(?!=)", " not ", code)
+    return re.sub(r"\bnull\b", "None", re.sub(r"\btrue\b", "True", re.sub(r"\bfalse\b", "False", code)))
+
+
 def interpolate(value, ctx: dict) -> str:
     return re.sub(r"\$\{\{(.*?)\}\}", lambda m: _str(evaluate(m.group(1), ctx)), str(value))
 
 
 def _str(value) -> str:
-    if value is None:
+    if value is None or isinstance(value, Null):
         return ""
     if isinstance(value, bool):
         return "true" if value else "false"

@@ -8,9 +8,12 @@ import json
 import os
 import subprocess
 
+import pytest
+
 from builder.boundary import buildkit, registry
 from builder.model import matrix
 from tests.conftest import ROOT
+from tests.integration import registry_fixture
 from tests.workflow import harness
 from tests.workflow.conftest import TOKEN
 
@@ -34,7 +37,16 @@ def publish_alias(repo: registry.Repository, input_hash: str, config_dir) -> str
     return registry.put_manifest(repo, TAG, json.dumps(manifest).encode(), registry.OCI_MANIFEST, config_dir)
 
 
-def test_schedule_rebuilds_what_the_relock_moved_and_nothing_else(venv, local_registry, tmp_path):
+@pytest.fixture
+def own_registry(tmp_path):
+    """Its own registry: the alias published here must not change what the harness's runs see."""
+    reg = registry_fixture.Registry(tmp_path / "registry", users={"ci": TOKEN}).start()
+    yield reg
+    reg.stop()
+
+
+def test_schedule_rebuilds_what_the_relock_moved_and_nothing_else(venv, own_registry, tmp_path):
+    local_registry = own_registry
     clone = harness.clean_clone(tmp_path / "clone")
     (clone / ".venv").symlink_to(venv)
     docker_config = tmp_path / "docker"

@@ -88,6 +88,13 @@ def test_push_logs_in_before_the_plan_reads_the_registry(runs):
     image = runs("push")["hosted-image"]
     moved = next(s for s in image.steps if s.name.startswith("moved"))
     assert "build=true" in moved.output and "previous=\n" in moved.output  # nothing published yet
+    assert "cannot read" not in moved.output, moved.output
+    # Nothing published, so everything is built: build, gate, publish and sign are reached (their `if` holds)
+    # and stop only at the harness's `image:` rule; the diff has no previous image; the cosign action is skipped.
+    outcome = {s.name.split(" (")[0]: s.outcome for s in image.steps}
+    for name in ("image: build", "image: smoke gate", "image: publish", "image: sign the digest and its attestations"):
+        assert "`image:` step" in outcome[name], (name, outcome[name])
+    assert "`if` is false" in outcome["image: what moved"]
 
 
 def test_schedule_plans_every_entry_for_a_refresh(runs):
@@ -100,3 +107,17 @@ def test_schedule_plans_every_entry_for_a_refresh(runs):
     image = runs("schedule")["hosted-image"]
     relock = next(s for s in image.steps if "re-lock" in s.name)
     assert relock.outcome.startswith("skipped") and "image:" in relock.outcome
+    moved = next(s for s in image.steps if s.name.startswith("moved"))
+    assert "build=true" in moved.output and "inputs changed: planned" in moved.output, moved.output
+    assert "cannot read" not in moved.output, "the job logged in before reading"
+    build = next(s for s in image.steps if s.name == "image: build")
+    assert "`image:` step" in build.outcome, "nothing published yet: the refresh builds"
+
+
+def test_expressions_are_evaluated_as_github_does():
+    ctx = {"steps": {"moved": {"outputs": {"build": "true"}}}, "github": {"event_name": "push"}, "matrix": {"gpu": False}}
+    assert harness.evaluate("steps.moved.outputs.build == 'true'", ctx) is True
+    assert harness.evaluate("steps.missing.outputs.build == 'true'", ctx) is False
+    assert harness.evaluate("github.event_name != 'pull_request' && !cancelled()", ctx) is True
+    assert harness.interpolate("${{ matrix.gpu && '--gpus=all' || '--cpu' }}", ctx) == "--cpu"
+    assert harness.evaluate("fromJSON('{\"include\": []}').include[0] != null", ctx) is False
