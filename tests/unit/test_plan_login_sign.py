@@ -92,3 +92,18 @@ def test_keyless_signer_is_the_exact_identity_and_github_issuer():
 def test_sign_needs_an_immutable_reference():
     with pytest.raises(UserError, match="HOST/NAME@sha256"):
         cosign.split_reference("reg.example/team/train:latest")
+
+
+def test_sign_takes_the_digest_publish_reported(project):
+    from builder.steps import sign
+
+    with pytest.raises(UserError, match="no published image"):
+        sign.target_reference("cu121-torch2.3")
+    reports = project / "build" / "reports"
+    reports.mkdir(parents=True)
+    pulled = "reg.example/team/train@sha256:" + "a" * 64
+    (reports / "cu121-torch2.3.publish.json").write_text(json.dumps({"result": "published", "pull": pulled}))
+    assert sign.target_reference("cu121-torch2.3") == pulled
+    (reports / "cu121-torch2.3.publish.json").write_text(json.dumps({"result": "dry-run"}))
+    with pytest.raises(UserError, match="no published image"):
+        sign.target_reference("cu121-torch2.3")
