@@ -95,15 +95,15 @@ def test_sign_needs_an_immutable_reference():
 
 
 def test_sign_takes_the_digest_publish_reported(project):
+    from builder import reports
     from builder.steps import sign
 
     with pytest.raises(UserError, match="no published image"):
         sign.target_reference("cu121-torch2.3")
-    reports = project / "build" / "reports"
-    reports.mkdir(parents=True)
-    pulled = "reg.example/team/train@sha256:" + "a" * 64
-    (reports / "cu121-torch2.3.publish.json").write_text(json.dumps({"result": "published", "pull": pulled}))
-    assert sign.target_reference("cu121-torch2.3") == pulled
-    (reports / "cu121-torch2.3.publish.json").write_text(json.dumps({"result": "dry-run"}))
-    with pytest.raises(UserError, match="no published image"):
-        sign.target_reference("cu121-torch2.3")
+    digest = "sha256:" + "a" * 64
+    reports.write("cu121-torch2.3", "publish", {
+        "result": "published", "image_id": "sha256:" + "b" * 64, "registry": "reg.example/team",
+        "repository": "reg.example/team/train", "full_tag": "cu121-torch2.3-x", "alias": "cu121-torch2.3",
+        "digest": digest, "pull": f"reg.example/team/train@{digest}", "published_at": "2026-12-02T15:40:00Z"})
+    assert sign.target_reference("cu121-torch2.3") == f"reg.example/team/train@{digest}"
+    assert sign.target_reference("r.example/x@" + digest) == "r.example/x@" + digest  # a reference as given
