@@ -11,7 +11,8 @@ BUILD_FLAGS ?= --local-base
 SMOKE_FLAGS ?=
 PYTEST_FLAGS ?=
 
-.PHONY: help venv docker validate render lock lint unit test build build-all smoke image publish catalog verify repro
+.PHONY: help venv docker validate render lock lint unit test build build-all smoke image publish catalog verify repro \
+	free-disk workflow
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "} {printf "  %-12s %s\n", $$1, $$2}'
@@ -21,8 +22,8 @@ $(VENV)/.stamp: requirements-dev.txt
 
 venv: $(VENV)/.stamp ## create .venv from the pinned dev requirements
 
-docker: venv ## install/start a Docker engine and provide every CI entry's base image (idempotent)
-	bash ci/setup-docker.sh $(CI_BASES)
+docker: venv ## install/start a Docker engine, cosign, and every CI entry's base image (idempotent)
+	bash ci/setup-docker.sh $(CI_BASES) && bash ci/setup-cosign.sh
 
 validate: venv ## validate the matrix strictly (schema, rules, digests)
 	$(PY) -m builder validate --strict
@@ -39,14 +40,22 @@ build-tools-lock: venv ## re-lock builder/data/build-tools.lock (uv, used inside
 	{ sed -n '1,2p' builder/data/build-tools.lock; cat build/build-tools.lock.new; } > build/build-tools.lock.tmp \
 	  && mv build/build-tools.lock.tmp builder/data/build-tools.lock && rm build/build-tools.lock.new
 
-lint: venv ## ruff, render --check, lock --check
-	$(PY) -m ruff check builder smoke tests bench && $(PY) -m builder render --check && $(PY) -m builder lock --check
+# hadolint's threshold is `warning`: the rendered files' info-level findings (SC2016, SC2012) are intended quoting
+# and listing; CI's check job and tests/unit/test_render.py use this same threshold (tests/unit/test_workflows.py).
+HADOLINT_THRESHOLD := warning
+
+lint: venv ## ruff, render --check, lock --check, hadolint (the check job runs exactly this)
+	$(PY) -m ruff check builder smoke tests bench && $(PY) -m builder render --check && $(PY) -m builder lock --check \
+	  && $(VENV)/bin/hadolint --failure-threshold $(HADOLINT_THRESHOLD) dockerfiles/*/Dockerfile
 
 unit: venv ## the unit tests only: no Docker engine, no network, under a minute
 	$(PY) -m pytest tests/unit $(PYTEST_FLAGS)
 
-test: venv docker ## the whole suite: unit tests, then real Docker builds, registry, gate
-	$(PY) -m pytest tests/unit tests/integration $(PYTEST_FLAGS)
+test: venv docker ## the whole suite: unit tests, the workflow harness, real Docker builds, registry, gate
+	$(PY) -m pytest tests/unit tests/workflow tests/integration $(PYTEST_FLAGS)
+
+workflow: venv ## run the workflow's hosted jobs' steps here, per event (tests/workflow; no image builds)
+	$(PY) -m pytest tests/workflow $(PYTEST_FLAGS)
 
 build: venv ## build TAG (default: the default image) with BuildKit
 	$(PY) -m builder build $(or $(TAG),$(DEFAULT_TAG)) $(BUILD_FLAGS)
@@ -62,6 +71,11 @@ image: venv docker ## the main job: Docker set-up, then build and smoke-test the
 
 publish: venv ## publish TAG to REGISTRY (only if its smoke report passed)
 	$(PY) -m builder publish $(or $(TAG),$(DEFAULT_TAG)) --registry $(REGISTRY)
+
+free-disk: ## on a GitHub-hosted runner only: remove preinstalled SDKs (~14 GB free is too little for a CUDA image)
+	@if [ "$$RUNNER_ENVIRONMENT" = github-hosted ]; then \
+	  sudo rm -rf /usr/share/dotnet /usr/local/lib/android /opt/ghc /opt/hostedtoolcache/CodeQL && df -h /; \
+	else echo "free-disk: not a GitHub-hosted runner (RUNNER_ENVIRONMENT=$${RUNNER_ENVIRONMENT:-unset}): nothing removed"; fi
 
 catalog: venv ## regenerate IMAGES.md and images.json from the reports
 	$(PY) -m builder catalog

@@ -6,6 +6,9 @@ change) never chooses the machine a job runs on.
 
 from __future__ import annotations
 
+import os
+
+from builder.errors import UserError
 from builder.model.matrix import Entry
 
 
@@ -22,3 +25,14 @@ def github_matrix(entries: list[Entry]) -> dict:
         "cuda": e.cuda,
         "python": e.python,
     } for e in entries]}
+
+
+def default_registry(environ=os.environ) -> str:
+    """Where the workflow publishes: $REGISTRY (its variable), else ghcr.io/<repository owner, lower case>."""
+    where = environ.get("REGISTRY") or ""
+    if where:
+        return where
+    owner = environ.get("GITHUB_REPOSITORY_OWNER", "")
+    if not owner:
+        raise UserError("no registry: pass --registry, or set REGISTRY (the workflow's variable)")
+    return f"ghcr.io/{owner.lower()}"

@@ -49,6 +49,9 @@ TOOLS = {
     "manifest": "builder.steps.manifest",
     "diff": "builder.steps.diff",
     "refresh-compat": "builder.steps.refresh",
+    "plan": "builder.steps.plan",
+    "login": "builder.steps.login",
+    "sign": "builder.steps.sign",
 }
 VERBS = (*MATRIX_TOOLS, *STEPS, *(name for name in TOOLS if name not in MATRIX_TOOLS))
 

@@ -9,9 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from builder import log
-from builder.boundary import buildkit, registry
-from builder.errors import BuilderError
+from builder.boundary import published
 from builder.model import matrix, plan
 
 NAME = "matrix"
@@ -33,24 +31,11 @@ def add_arguments(p) -> None:
                    help="leave out entries whose published alias there was built from exactly these inputs")
 
 
-def published_and_current(entry: matrix.Entry, where: str) -> bool:
-    """Is the entry's alias in the registry an image of exactly these inputs? Unknown counts as no."""
-    repo = registry.repository(where, entry.image)
-    try:
-        labels = registry.config_labels(repo, entry.tag) or {}
-    except BuilderError as exc:
-        log.info(f"{entry.tag}: cannot read {repo.ref}:{entry.tag} ({exc.message}): planned for a rebuild")
-        return False
-    current = labels.get(f"{buildkit.LABEL_PREFIX}.input-hash") == buildkit.planned_input_hash(entry)
-    log.info(f"{entry.tag}: {'published image is current: skipped' if current else 'inputs changed: planned'}")
-    return current
-
-
 def main(options: Options, m: matrix.Matrix) -> int:
     entries = options.entries(m)
     if options.runner:
         entries = [e for e in entries if plan.needs_gpu_gate(e) == (options.runner == "gpu")]
     if options.changed_against:
-        entries = [e for e in entries if not published_and_current(e, options.changed_against)]
+        entries = [e for e in entries if not published.is_current(e, options.changed_against)]
     print(json.dumps(plan.github_matrix(entries), sort_keys=True))
     return 0

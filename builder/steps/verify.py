@@ -4,6 +4,11 @@ For a user on any cloud: is this host able to run this image, and does the image
 smoke gate here? The image says what it needs in /opt/train-image/image.json (min driver, versions);
 the host is checked against that, then the same gate that allowed publication runs in the image.
 Without a usable GPU the gate runs in CPU mode and the verdict says plainly that GPU checks were not run.
+
+Signatures (docs/publishing.md): with `--key PATH` or `--certificate-identity ID` cosign checks the image digest
+and every SBOM/provenance stored beside it, and the verdict names who signed. `--require-signature` refuses an
+unsigned image, an attestation that was replaced or added unsigned, and one signed by anyone else, before the
+gate runs; `--signatures-only` checks that much without pulling the image or running anything.
 """
 
 from __future__ import annotations
@@ -12,12 +17,12 @@ import json
 import os
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from packaging.version import InvalidVersion, Version
 
 from builder import fsutil, log
-from builder.boundary import engine, host, inspect, registry
+from builder.boundary import cosign, engine, host, inspect, registry
 from builder.boundary.gate import run_gate
 from builder.errors import EnvironmentProblem, StepFailed, UserError
 from builder.model import attestations, reference
@@ -39,6 +44,11 @@ class Options:
     shm_size: str = "8g"
     json: str | None = None
     checks: str | None = None
+    require_signature: bool = False
+    signatures_only: bool = False
+    key: str | None = None
+    certificate_identity: str | None = None
+    certificate_oidc_issuer: str = cosign.GITHUB_ISSUER
 
 
 def add_arguments(p) -> None:
@@ -50,6 +60,16 @@ def add_arguments(p) -> None:
     p.add_argument("--json", metavar="PATH", help="also write the verdict as JSON")
     p.add_argument("--checks", metavar="LIST", help="run only these gate checks (e.g. env,ops,nccl: minutes "
                    "faster on CPU, where train JIT-builds DeepSpeed's CPU ops); the verdict names what did not run")
+    p.add_argument("--require-signature", action="store_true",
+                   help="fail unless the digest and every attestation are signed by the identity given below")
+    p.add_argument("--signatures-only", action="store_true",
+                   help="check the signatures (and attestations) only: no pull, no host checks, no gate")
+    p.add_argument("--key", metavar="PATH", help="cosign public key the image must be signed with")
+    p.add_argument("--certificate-identity", metavar="ID",
+                   help="keyless signer, exactly: https://github.com/OWNER/REPO/.github/workflows/images.yml"
+                        "@refs/heads/main")
+    p.add_argument("--certificate-oidc-issuer", metavar="URL", default=cosign.GITHUB_ISSUER,
+                   help=f"keyless issuer (default {cosign.GITHUB_ISSUER})")
 
 
 # --- the image -----------------------------------------------------------------------------------------
@@ -124,8 +144,10 @@ def registry_reference(ref: str, image) -> tuple[registry.Repository, str] | Non
     if not rest or not ("." in host or ":" in host or host == "localhost"):
         return None
     path = rest.rsplit(":", 1)[0] if ":" in rest.rsplit("/", 1)[-1] else rest
-    pulled = [d.split("@", 1) for d in image.attrs.get("RepoDigests", [])]
+    pulled = [d.split("@", 1) for d in image.attrs.get("RepoDigests", [])] if image is not None else []
     digest = ref.split("@", 1)[1] if "@" in ref else next((d for n, d in pulled if n == f"{host}/{path}"), None)
+    if digest is None and image is None:  # nothing pulled: ask the registry what the tag names now
+        digest = registry.manifest_digest(registry.Repository(host, path), ref.split("@", 1)[0].rsplit(":", 1)[-1])
     return (registry.Repository(host, path), digest) if digest else None
 
 
@@ -147,6 +169,61 @@ def attestations_of(ref: str, image) -> dict:
     lines = attestations.summary(sbom, statement, digest)
     problem = next((line for line in lines if "NOT for this digest" in line), None)
     return {"sbom": sbom is not None, "provenance": statement is not None, "problem": problem, "lines": lines}
+
+
+# --- signatures ----------------------------------------------------------------------------------------
+
+
+def signer(args: Options) -> cosign.Identity | None:
+    """Who must have signed, from the flags; None when no signature is asked about."""
+    if args.key and args.certificate_identity:
+        raise UserError("give --key or --certificate-identity, not both")
+    if args.key:
+        if not os.path.isfile(args.key):
+            raise UserError(f"--key {args.key}: no such file", "give the cosign public key (cosign.pub) to check with")
+        return cosign.Identity(key=args.key)
+    if args.certificate_identity:
+        return cosign.Identity(certificate_identity=args.certificate_identity, issuer=args.certificate_oidc_issuer)
+    if args.require_signature or args.signatures_only:
+        raise UserError("which signer? --require-signature/--signatures-only need --key PATH or --certificate-identity",
+                        "e.g. --certificate-identity https://github.com/OWNER/REPO/.github/workflows/images.yml"
+                        "@refs/heads/main (docs/publishing.md)")
+    return None
+
+
+def signatures(ref: str, identity: cosign.Identity) -> dict:
+    """cosign's verdict on the digest and on every SBOM/provenance beside it: ok, one line per subject, and the
+    digest reference checked (a tag is resolved once, here, and that digest is what verify then pulls)."""
+    where = registry_reference(ref, None)
+    if where is None:
+        return {"ok": False, "lines": [f"signatures: {ref} names no registry digest to check (host/name@sha256:…)"]}
+    repo, digest = where
+    subjects = [("image", f"{repo.ref}@{digest}")] + [("attestation", r) for r in cosign.attestation_refs(repo, digest)]
+    ok, lines = True, []
+    for what, subject in subjects:
+        good, who = cosign.verify(subject, identity)
+        ok = ok and good
+        lines.append(f"signature of {what} {subject.rsplit('@', 1)[1][:19]}…: "
+                     + (f"signed by {who}" if good else f"NOT signed by {identity.describe()}: {who}"))
+    if len(subjects) == 1:
+        lines.append("signatures: no attestations stored beside the digest")
+    return {"ok": ok, "lines": lines, "ref": subjects[0][1]}
+
+
+def check_signatures(args: Options, identity: cosign.Identity | None) -> dict:
+    """Signatures checked and printed; with --require-signature a bad one stops verify here (before the gate)."""
+    if identity is None:
+        return {"ok": None, "lines": ["signatures: not checked: the attestation lines are the registry's unsigned "
+                                      "claims (pass --key or --certificate-identity)"]}
+    with log.step(f"signatures of {args.image} ({identity.describe()})") as note:
+        signed = signatures(args.image, identity)
+        note["result"] = "valid" if signed["ok"] else "NOT valid"
+        if args.require_signature and not signed["ok"]:
+            for line in signed["lines"]:
+                print(f"  {line}")
+            raise StepFailed(f"{args.image} is not signed by {identity.describe()}",
+                             "do not use this image; check the identity you expect (docs/publishing.md)")
+    return signed
 
 
 def verdict(image_ref: str, rows: list, gate: dict, use_gpus: bool, why_cpu: str) -> tuple[bool, list[str]]:
@@ -187,9 +264,19 @@ def _write_verdict(path: str, data: dict) -> None:
 
 def main(args: Options, m=None) -> int:
     validate_options(args.image, args.timeout, args.shm_size, args.checks)
+    identity = signer(args)
+    if args.signatures_only:
+        signed = check_signatures(replace(args, require_signature=True), identity)
+        print(f"✓ PASS: {args.image}: digest and attestations signed")
+        for line in signed["lines"]:
+            print(f"  {line}")
+        return 0
+    # Signatures first: nothing unsigned is pulled or run, and what runs is the digest that was checked.
+    signed = check_signatures(args, identity)
+    target = signed.get("ref") or args.image
     engine.sdk()  # no engine: EnvironmentProblem with how to start one
-    with log.step(f"image {args.image}") as note:
-        image = ensure_image(args.image, pull=not args.no_pull)
+    with log.step(f"image {target}") as note:
+        image = ensure_image(target, pull=not args.no_pull)
         facts = inspect.read_facts(image)
         note["result"] = f"{facts.get('tag')}: torch {facts.get('pins', {}).get('torch')}, CUDA {facts.get('cuda')}"
     with log.step("host") as note:
@@ -199,7 +286,7 @@ def main(args: Options, m=None) -> int:
     why_cpu = ("--cpu was given" if args.cpu else "no usable GPU here" if not gpus
                else "the host checks above failed")
     with log.step(f"attestations of {args.image}") as note:
-        attested = attestations_of(args.image, image)
+        attested = attestations_of(target, image)
         note["result"] = attested["lines"][0] if attested["lines"] else "—"
     with log.step(f"smoke gate in {args.image} ({'GPU' if use_gpus else 'CPU'})") as note:
         gate = run_gate(image.id, gpus=use_gpus, timeout=args.timeout, shm_size=args.shm_size, only=args.checks)
@@ -209,10 +296,10 @@ def main(args: Options, m=None) -> int:
               for c in gate.get("checks") or []]
     log.summary(f"verify {args.image}", ("check", "ok", "detail"), table)
     ok, lines = verdict(args.image, rows, gate, use_gpus, why_cpu)
-    lines += [f"  {line}" for line in attested["lines"]]
+    lines += [f"  {line}" for line in attested["lines"] + signed["lines"]]
     if gate.get("not_run"):
         lines.append(f"  note: gate checks NOT run (--checks): {', '.join(gate['not_run'])}")
-    if attested["problem"]:
+    if attested["problem"] or signed["ok"] is False:
         ok = False
         lines[0] = lines[0].replace("✓ PASS", "✕ FAIL")
     for line in lines:
@@ -220,7 +307,8 @@ def main(args: Options, m=None) -> int:
     if args.json:
         _write_verdict(args.json, {"image": args.image, "image_id": image.id, "passed": ok, "gpu_mode": use_gpus,
                                       "host": [dict(zip(("check", "ok", "detail", "fix"), r)) for r in rows],
-                                      "gate": gate, "attestations": attested, "verdict": lines})
+                                      "gate": gate, "attestations": attested, "signatures": signed,
+                                      "verdict": lines})
     if not ok:
         raise StepFailed(f"{args.image} did not verify on this host", "see the lines above for what to do")
     return 0

@@ -89,7 +89,16 @@ def test_no_self_hosted_job_is_reachable_from_a_pull_request():
     on_gpu = {n for n, j in jobs.items() if self_hosted(j)}
     assert on_gpu, "the GPU entries need a self-hosted job"
     assert not on_gpu & reachable_from_pull_request(jobs)
-    assert {"plan", "check", "hosted-image"} <= reachable_from_pull_request(jobs), "PRs still get the hosted checks"
+    assert {"plan", "check", "pr-image"} <= reachable_from_pull_request(jobs), "PRs still get the hosted checks"
+
+
+def test_no_job_holding_an_oidc_token_is_reachable_from_a_pull_request():
+    """Only jobs in the branch-protected `publish` environment may mint the signing identity."""
+    jobs = load(PIPELINE)["jobs"]
+    signing = {n for n, j in jobs.items() if (j.get("permissions") or {}).get("id-token") == "write"}
+    assert signing == {"hosted-image", "gpu-image"}
+    assert not signing & reachable_from_pull_request(jobs)
+    assert all(jobs[n].get("environment") == "publish" for n in signing)
 
 
 def test_a_pull_request_cannot_choose_runner_labels():
@@ -101,34 +110,70 @@ def test_a_pull_request_cannot_choose_runner_labels():
     assert data["jobs"]["gpu-image"]["runs-on"] == ["self-hosted", "linux", "x64", "gpu"]
 
 
-def test_build_gate_and_publish_in_one_job_without_image_artifacts():
+def test_build_gate_publish_and_sign_in_one_job_without_image_artifacts():
     text = PIPELINE.read_text()
     assert "docker save" not in text and "docker load" not in text and "image.tar" not in text
     for name in ("hosted-image", "gpu-image"):
         steps = load(PIPELINE)["jobs"][name]["steps"]
         order = [next(i for i, s in enumerate(steps) if marker in str(s.get("run", "")))
-                 for marker in ("builder build", "builder smoke", "builder publish", "cosign attest")]
-        assert order == sorted(order), f"{name}: build, gate, publish, sign — in that order"
-        publish = next(s for s in steps if "builder publish" in str(s.get("run", "")))
-        assert "pull_request" in publish["if"] and "--password-stdin" in publish["run"]
-        assert "REGISTRY_TOKEN" not in publish["run"].split("|")[1], "the token goes through stdin only"
+                 for marker in ("builder login", "builder plan", "builder build", "builder smoke", "builder publish",
+                                "builder sign")]
+        assert order == sorted(order), f"{name}: login, moved?, build, gate, publish, sign — in that order"
+        for step in steps:
+            if any(verb in str(step.get("run", "")) for verb in ("builder publish", "builder sign")):
+                assert "refs/heads/main" in step["if"], "only main publishes and signs (the documented identity)"
+        login = next(s for s in steps if "builder login" in str(s.get("run", "")))
+        assert "--password-stdin" in login["run"] and "REGISTRY_TOKEN" not in login["run"].split("|")[1]
+
+
+def test_every_step_is_one_make_target_or_one_builder_command():
+    for name, job in load(PIPELINE)["jobs"].items():
+        for step in job["steps"]:
+            run = step.get("run")
+            if run is None:
+                continue
+            assert "\n" not in run.strip(), f"{name}: one command per step: {run!r}"
+            command = run.split("|")[-1].removeprefix("set -f;").strip()
+            assert re.fullmatch(r"make [a-z-]+|\.venv/bin/python -m builder [a-z-]+( .*)?", command), f"{name}: {run}"
+
+
+def test_steps_that_need_an_engine_are_named_so_the_harness_skips_exactly_those():
+    """tests/workflow runs every other step; `image:` marks build, gate, publish, sign, diff and the re-lock."""
+    for name, job in load(PIPELINE)["jobs"].items():
+        for step in job["steps"]:
+            engine = re.search(r"builder (build|smoke|publish|sign|diff|lock)\b", str(step.get("run", "")))
+            assert bool(engine) == str(step.get("name", "")).startswith("image:"), f"{name}: {step}"
 
 
 def test_plan_rebuilds_only_what_changed_and_splits_by_runner():
     jobs = load(PIPELINE)["jobs"]
-    text = _steps_text(jobs["plan"])
-    assert "--changed-against" in text and "--runner hosted" in text and "--runner gpu" in text
+    assert "builder plan $TAGS" in _steps_text(jobs["plan"])
     assert "fromJSON(needs.plan.outputs.gpu)" in str(jobs["gpu-image"]["strategy"]["matrix"])
     assert "fromJSON(needs.plan.outputs.hosted)" in str(jobs["hosted-image"]["strategy"]["matrix"])
+    moved = next(s for s in jobs["hosted-image"]["steps"] if s.get("id") == "moved")
+    assert moved["run"].endswith('builder plan "$TAG"')
+    build = next(s for s in jobs["hosted-image"]["steps"] if "builder build" in str(s.get("run", "")))
+    assert build["if"] == "steps.moved.outputs.build == 'true'"
 
 
 def test_checks_run_on_hosted_runners_for_every_event():
     jobs = load(PIPELINE)["jobs"]
-    check = _steps_text(jobs["check"])
     assert jobs["check"]["runs-on"].startswith("ubuntu-")
-    for command in ("validate --strict", "render --check", "lock --check", "ruff", "hadolint", "pytest tests/unit"):
-        assert command in check
+    assert [s["run"] for s in jobs["check"]["steps"] if "run" in s] == ["make venv", "make validate", "make lint",
+                                                                          "make unit"]
     assert "check" in needs(jobs["gpu-image"]) and "check" in needs(jobs["hosted-image"])
+
+
+def test_make_lint_is_what_the_tests_check():
+    """hadolint at one threshold: `make lint` (the check job) and tests/unit/test_render.py use the same one."""
+    makefile = (ROOT / "Makefile").read_text()
+    threshold = re.search(r"^HADOLINT_THRESHOLD := (\w+)$", makefile, re.M).group(1)
+    recipe = makefile.split("\nlint:", 1)[1].split("\n\n", 1)[0]
+    for command in ("ruff check builder smoke tests bench", "builder render --check", "builder lock --check",
+                    "hadolint --failure-threshold $(HADOLINT_THRESHOLD) dockerfiles/*/Dockerfile"):
+        assert command in recipe
+    assert f'"--failure-threshold", "{threshold}"' in (ROOT / "tests" / "unit" / "test_render.py").read_text()
+    assert "builder validate --strict" in makefile.split("\nvalidate:", 1)[1].split("\n\n", 1)[0]
 
 
 def test_write_access_only_where_images_are_pushed():

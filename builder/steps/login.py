@@ -1,0 +1,69 @@
+"""`python -m builder login --registry R --username U --password-stdin`: credentials into the Docker config.
+
+The workflow runs it first in every job that reads or writes a registry, so `plan`'s label reads (private
+packages answer 401 to anonymous reads), docker's pushes, BuildKit's cache and cosign all find the same
+credentials ($DOCKER_CONFIG/config.json `auths`, the format `docker login` writes). It needs no Docker engine.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+from dataclasses import dataclass
+
+from builder import log
+from builder.boundary import registry
+from builder.errors import EnvironmentProblem, UserError
+from builder.model.plan import default_registry
+
+NAME = "login"
+HELP = "store registry credentials (password from stdin) in the Docker config, before any registry read"
+NEEDS_MATRIX = False
+
+
+@dataclass(frozen=True)
+class Options:
+    registry: str | None = None
+    username: str | None = None
+    password_stdin: bool = False
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--registry", metavar="HOST[/NAMESPACE]",
+                   help="the registry (default: $REGISTRY, else ghcr.io/<repository owner>)")
+    p.add_argument("--username", required=True, help="the registry user (GitHub: the actor)")
+    p.add_argument("--password-stdin", action="store_true", required=True,
+                   help="read the password or token from stdin (never an argument)")
+
+
+def store(host: str, username: str, password: str) -> str:
+    path = registry.config_dir() / "config.json"
+    try:
+        data = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError) as exc:
+        raise EnvironmentProblem(f"{path}: unreadable Docker config ({exc})", "fix or remove it") from None
+    token = base64.b64encode(f"{username}:{password}".encode()).decode()
+    data.setdefault("auths", {})[host] = {"auth": token}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # a credential: never readable by others
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    return str(path)
+
+
+def main(options: Options, m=None) -> int:
+    where = options.registry or default_registry()
+    host = registry.repository(where, "x").host
+    password = sys.stdin.read().rstrip("\r\n")
+    if not password:
+        raise UserError("--password-stdin: nothing on stdin", "pipe the token in: printf %s \"$TOKEN\" | …")
+    path = store(host, options.username, password)
+    log.info(f"credentials for {host} ({options.username}) stored in {path}")
+    if os.environ.get("GITHUB_OUTPUT"):  # later steps name the registry as steps.login.outputs.registry
+        with open(os.environ["GITHUB_OUTPUT"], "a", encoding="utf-8") as out:
+            out.write(f"registry={where}\n")
+    return 0

@@ -1,0 +1,88 @@
+"""The workflow's plan (`python -m builder plan`): which tags the image jobs build for this event.
+
+One command per workflow step (docs/ci.md): the `plan` job runs it without tags and writes `hosted=` and `gpu=`
+(GitHub strategy.matrix JSON) to $GITHUB_OUTPUT; an image job runs it with its own tag after a scheduled
+re-lock and writes `build=true|false`, so only what moved is rebuilt, gated and published.
+
+- pull_request, or tags named: every selected entry (a pull request publishes nothing; names are explicit).
+- push, schedule, workflow_dispatch without tags: only entries whose published alias was not built from
+  exactly these inputs (its input-hash label); an alias that cannot be read counts as changed.
+The registry is read with the Docker config's credentials: the workflow runs `builder login` first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+from builder import log
+from builder.boundary import published, registry
+from builder.errors import BuilderError
+from builder.model import matrix, plan
+
+NAME = "plan"
+HELP = "which tags the workflow's image jobs build for this event (GitHub outputs)"
+NEEDS_MATRIX = True
+EVENTS = ("pull_request", "push", "schedule", "workflow_dispatch")
+
+
+@dataclass(frozen=True)
+class Options:
+    tags: list[str] = field(default_factory=list)
+    event: str = "push"
+    registry: str | None = None
+    github_output: str | None = None
+
+
+def add_arguments(p) -> None:
+    p.add_argument("tags", nargs="*", metavar="TAG", help="tags or globs (none: every entry, changed ones only)")
+    p.add_argument("--event", choices=EVENTS, default=os.environ.get("GITHUB_EVENT_NAME") or "push",
+                   help="the GitHub event (default: $GITHUB_EVENT_NAME)")
+    p.add_argument("--registry", default=None, metavar="HOST[/NAMESPACE]",
+                   help="where aliases are published (default: $REGISTRY, else ghcr.io/<repository owner>)")
+    p.add_argument("--github-output", metavar="PATH", default=os.environ.get("GITHUB_OUTPUT"),
+                   help="append the outputs here (default: $GITHUB_OUTPUT; without it they are printed)")
+
+
+def planned(m: matrix.Matrix, options: Options) -> list[matrix.Entry]:
+    """The schedule's plan job names every entry (each image job re-locks it, then asks again with its tag:
+    only what the re-lock moved is rebuilt). Comparing before the re-lock would find nothing, ever."""
+    entries = matrix.select(m, options.tags or None)
+    if options.event == "pull_request" or (options.event == "schedule") != bool(options.tags):
+        return entries
+    where = options.registry or plan.default_registry()
+    return [e for e in entries if not published.is_current(e, where)]
+
+
+def previous(entry: matrix.Entry, where: str) -> str:
+    """The published alias as an immutable reference (what `builder diff` compares the new image with), or ''."""
+    repo = registry.repository(where, entry.image)
+    try:
+        digest = registry.manifest_digest(repo, entry.tag)
+    except BuilderError as exc:
+        log.info(f"{entry.tag}: cannot read {repo.ref}:{entry.tag} ({exc.message}): no previous image to compare")
+        return ""
+    return f"{repo.ref}@{digest}" if digest else ""
+
+
+def outputs(m: matrix.Matrix, entries: list[matrix.Entry], options: Options) -> dict[str, str]:
+    """One tag (an image job asking about itself): build=true|false and previous=; else the two matrices."""
+    if len(options.tags) == 1 and "*" not in options.tags[0]:
+        before = "" if options.event == "pull_request" else previous(matrix.select(m, options.tags)[0],
+                                                                        options.registry or plan.default_registry())
+        return {"build": "true" if entries else "false", "previous": before}
+    return {runner: json.dumps(plan.github_matrix([e for e in entries if plan.needs_gpu_gate(e) == (runner == "gpu")]),
+                               sort_keys=True) for runner in ("hosted", "gpu")}
+
+
+def main(options: Options, m: matrix.Matrix) -> int:
+    entries = planned(m, options)
+    found = outputs(m, entries, options)
+    lines = "".join(f"{key}={value}\n" for key, value in found.items())
+    if options.github_output:
+        with open(options.github_output, "a", encoding="utf-8") as out:
+            out.write(lines)
+    print(lines, end="")
+    log.info(f"plan ({options.event}): {', '.join(e.tag for e in entries) or 'nothing to build'}")
+    return 0
