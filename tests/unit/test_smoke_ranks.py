@@ -12,8 +12,9 @@ from smoke import launch, nccl, ranks, report, train
 FAKE_WORKER = textwrap.dedent("""
     import os
 
-    from smoke import ranks, report
+    from smoke import launch, ranks, report
 
+    launch.die_with_parent()  # a live launcher's rank carries on
     rank, world, local, gpu = ranks.rank_env()
     res = report.Result("fake", "gpu" if gpu else "cpu")
     res.add(f"rank {rank} of {world}", True, f"local {local}")
