@@ -87,7 +87,8 @@ def run_ranks(module, n, out_dir, name, timeout, env, args=()):
         for rank in range(n):
             e = dict(env)
             e.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(n),
-                     LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                     LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                     SMOKE_LAUNCHER_PID=str(os.getpid()))
             log = os.path.join(out_dir, f"{name}.rank{rank}.log")
             f = open(log, "w")
             files.append(f)
@@ -150,7 +151,10 @@ def die_with_parent():
         import ctypes
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        if os.getppid() == 1:  # parent already gone before prctl took effect
+        # Parent already gone before prctl took effect: we were re-parented.  Compared with the launcher's
+        # pid, not with 1: in `docker run IMAGE smoke train` the launcher itself is pid 1.
+        launcher = os.environ.get("SMOKE_LAUNCHER_PID")
+        if launcher and os.getppid() != int(launcher):
             os._exit(1)
     except Exception:
         pass

@@ -8,9 +8,9 @@ one host is the silent TCP fallback the field complains about.
 
 import os
 import re
+import time
 
-from smoke import launch
-from smoke.report import read_json
+from smoke import launch, ranks, report
 
 GPU_SIZES = [2 ** 10, 2 ** 14, 2 ** 18, 2 ** 22, 2 ** 26, 2 ** 28]  # 1 KB .. 256 MB
 CPU_SIZES = [2 ** 10, 2 ** 14, 2 ** 18, 2 ** 22]                    # 1 KB .. 4 MB
@@ -84,10 +84,7 @@ def expected_sum(n):
 def run(res, facts, mode, n_gpus, out_dir, timeout):
     n = n_gpus if mode == "gpu" else 2
     env = launch.base_env(mode)
-    result_path = os.path.join(out_dir, ".nccl.rank0.json")
-    if os.path.exists(result_path):
-        os.remove(result_path)
-    env.update(SMOKE_MODE=mode, SMOKE_RESULT=result_path)
+    env["SMOKE_MODE"] = mode
     if mode == "gpu":
         # The transport lines we parse ("via P2P/IPC") come at INFO with the default subsystems;
         # NCCL prints them to stdout, which the launcher captures in per-rank log files.
@@ -96,44 +93,46 @@ def run(res, facts, mode, n_gpus, out_dir, timeout):
         env.setdefault("OMP_NUM_THREADS", "1")
     res.figures["ranks"] = n
     res.figures["backend"] = "nccl" if mode == "gpu" else "gloo"
-    r = launch.run_ranks("smoke.nccl", n, out_dir, "nccl", timeout, env)
-    data = read_json(result_path) or {}
+    r, data = ranks.run_job("smoke.nccl", n, out_dir, "nccl", timeout, env)
     res.items.extend(data.get("items", []))
     res.figures.update(data.get("figures", {}))
     res.figures["logs"] = r["logs"]
     logs = launch.read_logs(r["logs"])
-    ok = not r["timed_out"] and all(rc == 0 for rc in r["rcs"])
-    if r["timed_out"]:
-        res.add("ranks finished within timeout", False, f"killed after {timeout}s (hang?)")
-    else:
-        res.add("all ranks exited 0", ok, "exit codes {}".format(r["rcs"]))
-    if not data:
-        res.add("rank 0 wrote its result", False, "no result from rank 0")
-
+    ok = ranks.record_exit(res, r, data, timeout)
     if mode == "gpu":
-        tp = parse_transports(logs)
-        res.figures.update(nccl_transports=tp["transports"], nccl_network=tp["network"],
-                           nccl_runtime_version=tp["version"], nccl_init_complete=tp["init_complete"])
-        if n > 1:
-            res.add("no TCP fallback (NET/Socket)", not tp["tcp_fallback"],
-                    "transports %s" % (tp["transports"] or "none parsed"))
-            if tp["tcp_fallback"]:
-                res.hint("NCCL connected GPUs via NET/Socket (TCP): expect 2-10x lower bandwidth; "
-                         "check P2P/NVLink (nvidia-smi topo -m), NCCL_P2P_DISABLE/NCCL_SHM_DISABLE, "
-                         "and /dev/shm (--ipc=host)")
-        big = res.figures.get("largest")
-        if big and big.get("busbw_gbps") is not None and n > 1:
-            floor, src = floor_for(res.figures.get("gpu_name"), n)
-            res.figures["busbw_floor_gbps"], res.figures["busbw_floor_source"] = floor, src
-            if floor is not None:
-                res.add(f"busbw >= floor at {big['bytes'] // 2 ** 20} MB", big["busbw_gbps"] >= floor,
-                        "{:.1f} GB/s vs floor {:.1f} ({})".format(big["busbw_gbps"], floor, src))
+        check_transport(res, logs, n)
+        check_busbw(res, n)
     if not ok or not data or any(i["ok"] is False for i in res.items):
-        res.diagnose(logs)
-        if r["first_failure"] is not None:
-            first = r["first_failure"]
-            res.hint(f"rank {first} failed first; log tail:\n"
-                     + launch.tail(launch.read_logs([r["logs"][first]]), 8))
+        ranks.explain_failure(res, r, logs=logs)
+    summarise(res, mode, n)
+
+
+def check_transport(res, logs, n):
+    """What NCCL connected the GPUs with; with 2+ ranks, a channel over TCP fails the check."""
+    tp = parse_transports(logs)
+    res.figures.update(nccl_transports=tp["transports"], nccl_network=tp["network"],
+                       nccl_runtime_version=tp["version"], nccl_init_complete=tp["init_complete"])
+    if n > 1:
+        res.add("no TCP fallback (NET/Socket)", not tp["tcp_fallback"],
+                "transports %s" % (tp["transports"] or "none parsed"))
+        if tp["tcp_fallback"]:
+            res.hint("NCCL connected GPUs via NET/Socket (TCP): expect 2-10x lower bandwidth; "
+                     "check P2P/NVLink (nvidia-smi topo -m), NCCL_P2P_DISABLE/NCCL_SHM_DISABLE, "
+                     "and /dev/shm (--ipc=host)")
+
+
+def check_busbw(res, n):
+    """The largest size's bus bandwidth against the floor for this GPU and rank count, when there is one."""
+    big = res.figures.get("largest")
+    if big and big.get("busbw_gbps") is not None and n > 1:
+        floor, src = floor_for(res.figures.get("gpu_name"), n)
+        res.figures["busbw_floor_gbps"], res.figures["busbw_floor_source"] = floor, src
+        if floor is not None:
+            res.add(f"busbw >= floor at {big['bytes'] // 2 ** 20} MB", big["busbw_gbps"] >= floor,
+                    "{:.1f} GB/s vs floor {:.1f} ({})".format(big["busbw_gbps"], floor, src))
+
+
+def summarise(res, mode, n):
     big = res.figures.get("largest")
     if big:
         via = ",".join(res.figures.get("nccl_transports") or {})
@@ -146,82 +145,87 @@ def run(res, facts, mode, n_gpus, out_dir, timeout):
 
 def worker():
     launch.die_with_parent()
+    import torch
+    import torch.distributed as dist
+
+    rank, n, local, gpu = ranks.rank_env()
+    dev = join_group(gpu, local)
+    res = report.Result("nccl", "gpu" if gpu else "cpu")
+    res.figures["sizes"] = []
+    reps = (5, 20) if gpu else (2, 5)  # (warm-up, timed) all-reduces per size
+    for nbytes in GPU_SIZES if gpu else CPU_SIZES:
+        row = measure(nbytes, rank, n, dev, gpu, reps)
+        res.figures["sizes"].append(row)
+        res.add(f"all_reduce exact at {_human(nbytes)}", row["wrong_elements"] == 0,
+                f"{row['wrong_elements']} wrong elements (want {expected_sum(n):g} everywhere)")
+    res.figures["largest"] = res.figures["sizes"][-1]
+    if gpu:
+        res.figures["gpu_name"] = torch.cuda.get_device_name(dev)
+    ranks.finish(dist, rank, res)
+
+
+def join_group(gpu, local):
+    """This rank's device, in an NCCL (GPU) or gloo (CPU) process group with a 60 s timeout."""
     import datetime
-    import json
-    import time
 
     import torch
     import torch.distributed as dist
 
-    rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local = int(os.environ["LOCAL_RANK"])
-    gpu = os.environ["SMOKE_MODE"] == "gpu"
     timeout = datetime.timedelta(seconds=60)
-    if gpu:
-        torch.cuda.set_device(local)
-        dev = torch.device("cuda", local)
-        try:
-            # device_id makes NCCL create its communicator now (eager init), so even one
-            # GPU proves NCCL initialises, and an init hang is caught by the timeout.
-            dist.init_process_group("nccl", timeout=timeout, device_id=dev)
-        except TypeError:
-            dist.init_process_group("nccl", timeout=timeout)
-    else:
-        dev = torch.device("cpu")
+    if not gpu:
         dist.init_process_group("gloo", timeout=timeout)
+        return torch.device("cpu")
+    torch.cuda.set_device(local)
+    dev = torch.device("cuda", local)
+    try:
+        # device_id makes NCCL create its communicator now (eager init), so even one
+        # GPU proves NCCL initialises, and an init hang is caught by the timeout.
+        dist.init_process_group("nccl", timeout=timeout, device_id=dev)
+    except TypeError:
+        dist.init_process_group("nccl", timeout=timeout)
+    return dev
 
-    items, figs = [], {"sizes": []}
+
+def measure(nbytes, rank, n, dev, gpu, reps):
+    """One size: every element exact after an all-reduce, and the slowest rank's time per all-reduce."""
+    import torch
+    import torch.distributed as dist
+
     dtype = torch.float32
-    esize = torch.tensor([], dtype=dtype).element_size()
-    want = expected_sum(n)
-    warmup, iters = (5, 20) if gpu else (2, 5)
+    numel = nbytes // torch.tensor([], dtype=dtype).element_size()
+    # Correctness first, on a fresh buffer: every element must be exactly n(n+1)/2.
+    x = torch.full((numel,), float(rank + 1), dtype=dtype, device=dev)
+    dist.all_reduce(x)
+    bad = (x != expected_sum(n)).sum().item()
+    # Timing on zeros, so repeated in-place sums stay exact and cannot overflow.
+    z = torch.zeros(numel, dtype=dtype, device=dev)
+    # The slowest rank sets the pace.
+    s = ranks.all_reduce_scalar(time_all_reduce(z, gpu, *reps), dev, dist.ReduceOp.MAX)
+    wrong = ranks.all_reduce_scalar(bad + int((z != 0).sum().item()), dev, dist.ReduceOp.SUM, torch.int64)
+    return {"bytes": nbytes, "seconds": s, "algbw_gbps": algbw_gbps(nbytes, s),
+            "busbw_gbps": busbw_gbps(nbytes, s, n), "wrong_elements": int(wrong)}
 
-    def timed(buf):
-        for _ in range(warmup):
-            dist.all_reduce(buf)
-        if gpu:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            start.record()
-            for _ in range(iters):
-                dist.all_reduce(buf)
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3 / iters
+
+def time_all_reduce(buf, gpu, warmup, iters):
+    """Seconds per in-place all-reduce of buf, after warm-up: CUDA events on GPU, the wall clock on CPU."""
+    import torch
+    import torch.distributed as dist
+
+    for _ in range(warmup):
+        dist.all_reduce(buf)
+    if not gpu:
         t0 = time.perf_counter()
         for _ in range(iters):
             dist.all_reduce(buf)
         return (time.perf_counter() - t0) / iters
-
-    sizes = GPU_SIZES if gpu else CPU_SIZES
-    for nbytes in sizes:
-        numel = nbytes // esize
-        # Correctness first, on a fresh buffer: every element must be exactly n(n+1)/2.
-        x = torch.full((numel,), float(rank + 1), dtype=dtype, device=dev)
-        dist.all_reduce(x)
-        bad = (x != want).sum().item()
-        # Timing on zeros, so repeated in-place sums stay exact and cannot overflow.
-        z = torch.zeros(numel, dtype=dtype, device=dev)
-        sec = torch.tensor([timed(z)], dtype=torch.float64, device=dev)
-        dist.all_reduce(sec, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
-        bad_t = torch.tensor([bad + int((z != 0).sum().item())], dtype=torch.int64, device=dev)
-        dist.all_reduce(bad_t)
-        s = sec.item()
-        row = {"bytes": nbytes, "seconds": s, "algbw_gbps": algbw_gbps(nbytes, s),
-               "busbw_gbps": busbw_gbps(nbytes, s, n), "wrong_elements": int(bad_t.item())}
-        figs["sizes"].append(row)
-        items.append({"name": f"all_reduce exact at {_human(nbytes)}", "ok": row["wrong_elements"] == 0,
-                      "detail": f"{row['wrong_elements']} wrong elements (want {want:g} everywhere)"})
-        del x, z
-    figs["largest"] = figs["sizes"][-1]
-    if gpu:
-        figs["gpu_name"] = torch.cuda.get_device_name(dev)
-    if rank == 0:
-        with open(os.environ["SMOKE_RESULT"] + ".tmp", "w") as f:
-            json.dump({"items": items, "figures": figs}, f)
-        os.replace(os.environ["SMOKE_RESULT"] + ".tmp", os.environ["SMOKE_RESULT"])
-    dist.barrier()
-    dist.destroy_process_group()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(iters):
+        dist.all_reduce(buf)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / iters
 
 
 def _human(n):

@@ -76,7 +76,10 @@ class Result:
 
 def write_json(out_dir, name, data):
     os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, name + ".json")
+    return write_json_file(os.path.join(out_dir, name + ".json"), data)
+
+
+def write_json_file(path, data):
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(data, f, indent=2, sort_keys=False, default=str)

@@ -1,0 +1,137 @@
+"""The multi-rank checks' shared contract (smoke.ranks) and the parts of train/nccl that need no torch.
+
+The ranks here are real processes started by the real launcher; only the worker is a stand-in that needs
+no torch (it writes what a train/nccl rank 0 writes, through the same writer).
+"""
+
+import json
+import textwrap
+
+from smoke import launch, nccl, ranks, report, train
+
+FAKE_WORKER = textwrap.dedent("""
+    import os
+
+    from smoke import launch, ranks, report
+
+    launch.die_with_parent()  # a live launcher's rank carries on
+    rank, world, local, gpu = ranks.rank_env()
+    res = report.Result("fake", "gpu" if gpu else "cpu")
+    res.add(f"rank {rank} of {world}", True, f"local {local}")
+    res.figures["answer"] = 42
+    if os.environ.get("FAKE_WRITE") == "1":
+        ranks.write_rank0_result(rank, res)
+""")
+
+
+def _job(tmp_path, write):
+    (tmp_path / "fake_rank.py").write_text(FAKE_WORKER)
+    env = launch.base_env("cpu")
+    env.update(SMOKE_MODE="cpu", FAKE_WRITE="1" if write else "0",
+               PYTHONPATH=f"{tmp_path}:{env['PYTHONPATH']}")
+    return ranks.run_job("fake_rank", 2, str(tmp_path / "out"), "fake", 60, env)
+
+
+def test_rank0_result_reaches_the_parent_and_a_stale_one_does_not(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".fake.rank0.json").write_text(json.dumps({"items": [{"name": "old", "ok": True, "detail": ""}]}))
+    r, data = _job(tmp_path, write=False)
+    assert r["rcs"] == [0, 0] and data == {}  # the earlier run's file was removed, not read
+    res = report.Result("fake", "cpu")
+    assert ranks.record_exit(res, r, data, 60, "v: ") is True
+    assert [(i["name"], i["ok"]) for i in res.items] == [("v: all ranks exited 0", True),
+                                                         ("v: rank 0 wrote its result", False)]
+
+    r, data = _job(tmp_path, write=True)
+    assert data == {"items": [{"name": "rank 0 of 2", "ok": True, "detail": "local 0"}], "figures": {"answer": 42}}
+    assert sorted(p.name for p in out.iterdir()) == [".fake.rank0.json", "fake.rank0.log", "fake.rank1.log"]
+
+
+def test_only_rank_0_writes(tmp_path):
+    res = report.Result("x", "cpu")
+    res.add("a", False, "broken")
+    target = tmp_path / ".x.rank0.json"
+    assert ranks.write_rank0_result(1, res, env={"SMOKE_RESULT": str(target)}) is None
+    assert not target.exists()
+    ranks.write_rank0_result(0, res, env={"SMOKE_RESULT": str(target)})
+    assert report.read_json(str(target)) == {"items": [{"name": "a", "ok": False, "detail": "broken"}],
+                                             "figures": {}}
+
+
+def test_launcher_verdict_names_a_hang_and_a_missing_result():
+    res = report.Result("train", "cpu")
+    hung = {"timed_out": True, "rcs": [-15, -15], "first_failure": None, "logs": []}
+    assert ranks.record_exit(res, hung, {}, 884.6, "adamw: ") is False
+    assert res.items == [
+        {"name": "adamw: ranks finished within timeout", "ok": False, "detail": "killed after 885s (hang?)"},
+        {"name": "adamw: rank 0 wrote its result", "ok": False, "detail": "no result from rank 0"}]
+    res = report.Result("nccl", "cpu")
+    crashed = {"timed_out": False, "rcs": [0, 1], "first_failure": 1, "logs": []}
+    assert ranks.record_exit(res, crashed, {"items": []}, 300) is False
+    assert res.items == [{"name": "all ranks exited 0", "ok": False, "detail": "exit codes [0, 1]"}]
+
+
+def test_failure_explained_from_the_logs_of_the_rank_that_failed_first(tmp_path):
+    logs = [tmp_path / "train-adamw.rank0.log", tmp_path / "train-adamw.rank1.log"]
+    logs[0].write_text("waiting in a collective\n")
+    logs[1].write_text("building cpu_adam\nRuntimeError: Ninja is required to load C++ extensions\n")
+    res = report.Result("train", "cpu")
+    ranks.explain_failure(res, {"logs": [str(p) for p in logs], "first_failure": 1}, "adamw: ")
+    assert res.diagnosis[0].startswith("ninja_missing:")
+    assert res.diagnosis[1] == ("adamw: rank 1 failed first; log tail:\n==> train-adamw.rank1.log <==\n"
+                                "building cpu_adam\nRuntimeError: Ninja is required to load C++ extensions")
+
+
+def test_deepspeed_configs_are_the_ones_users_start_from():
+    adamw = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
+             "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+             "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+             "bf16": {"enabled": False}, "gradient_clipping": 1.0, "steps_per_print": 10 ** 9,
+             "wall_clock_breakdown": False}
+    assert train.ds_config(False) == train.ds_config(False, "adamw") == adamw
+    offload = train.ds_config(True, "offload")
+    assert offload["zero_optimization"]["offload_optimizer"] == {"device": "cpu"}
+    assert offload["bf16"] == {"enabled": True}
+    del offload["zero_optimization"]["offload_optimizer"]
+    assert dict(offload, bf16={"enabled": False}) == adamw  # nothing else differs
+
+
+def test_train_loss_checks_catch_nan_and_a_loss_that_did_not_fall():
+    res = report.Result("train", "cpu")
+    train.check_loss(res, [5.5, float("nan")], 5.5, 5.6, 2, 0.5)
+    assert [(i["name"], i["ok"]) for i in res.items] == [("loss finite", False), ("loss fell after 2 steps", False)]
+    assert res.items[1]["detail"] == "5.5000 -> 5.6000" and res.figures["steps_per_s"] == 4.0
+    res = report.Result("train", "cpu")
+    train.check_loss(res, [5.5, 5.4], 5.5, 5.3, 2, 0.0)
+    assert res.passed and res.figures["steps_per_s"] is None
+
+
+def test_train_variants_merge_under_their_names_and_summarise():
+    res = report.Result("train", "cpu")
+    for variant, opt, last in (("adamw", "FusedAdam", 5.25), ("offload", "DeepSpeedCPUAdam", 5.3)):
+        data = {"items": [{"name": "loss finite", "ok": True, "detail": ""}],
+                "figures": {"dtype": "fp32", "optimizer": opt, "loss_first": 5.5, "loss_last": last}}
+        train.merge_variant(res, variant, {"seconds": 12.5, "logs": ["l0", "l1"]}, data)
+    assert [i["name"] for i in res.items] == ["adamw: loss finite", "offload: loss finite"]
+    assert res.figures["dtype"] == "fp32" and "dtype" not in res.figures["adamw"]
+    assert res.figures["offload"]["wall_seconds"] == 12.5 and res.figures["offload"]["logs"] == ["l0", "l1"]
+    train.summarise(res, 2)
+    assert res.summary == ("2 ranks fp32: adamw (FusedAdam) loss 5.5000 -> 5.2500; "
+                           "offload (DeepSpeedCPUAdam) loss 5.5000 -> 5.3000")
+
+
+def test_nccl_busbw_below_the_floor_fails_and_cpu_is_not_gated(monkeypatch):
+    monkeypatch.delenv("SMOKE_MIN_BUSBW_GBPS", raising=False)
+    res = report.Result("nccl", "gpu")
+    res.figures.update(backend="nccl", gpu_name="NVIDIA H100 80GB HBM3", sizes=[{}] * 6,
+                       largest={"bytes": 2 ** 28, "busbw_gbps": 100.0})
+    nccl.check_busbw(res, 8)
+    assert res.items == [{"name": "busbw >= floor at 256 MB", "ok": False,
+                          "detail": "100.0 GB/s vs floor 220.0 (table (H100.*(HBM3|SXM) x8))"}]
+    nccl.summarise(res, "gpu", 8)
+    assert res.summary == "8 ranks nccl, 6 sizes exact, 256 MB busbw 100.00 GB/s"
+    cpu = report.Result("nccl", "cpu")
+    cpu.figures.update(backend="gloo", sizes=[{}] * 4, largest={"bytes": 2 ** 22, "busbw_gbps": 0.5})
+    nccl.summarise(cpu, "cpu", 2)
+    assert cpu.summary == "2 ranks gloo, 4 sizes exact, 4 MB busbw 0.50 GB/s (CPU: not gated)"
