@@ -13,8 +13,22 @@ _USERINFO = re.compile(r"(?P<pre>(?:(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*:/
 _QUERY_SECRET = re.compile(r"(?i)((?:token|password|passwd|secret|key|auth|sig|signature)=)[^&\s'\"]+")
 
 
-def mask(text):
-    """`text` with URL credentials (user:password@, token=...) replaced by ****."""
+def hide(text, secrets=()):
+    """`text` with each of the given secret values replaced by ****, and nothing else changed: for a command's
+    output that is data (a lock, a file `git show` printed), which the URL patterns of `mask` could alter
+    (`pykey==1.0`, `key=lambda`)."""
+    if not isinstance(text, str):
+        return text
+    for value in sorted({s for s in secrets if s}, key=len, reverse=True):  # the longest first: overlaps
+        text = text.replace(value, "****")
+    return text
+
+
+def mask(text, secrets=()):
+    """`text` with the given secret values and URL credentials (user:password@, token=...) replaced by ****.
+
+    The one masking function: errors, echoed command lines and streamed command output all pass through it."""
+    text = hide(text, secrets)
     if not isinstance(text, str) or ("@" not in text and "=" not in text):
         return text
     text = _USERINFO.sub(lambda m: f"{m.group('pre') or ''}****@", text)

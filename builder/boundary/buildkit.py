@@ -11,7 +11,6 @@ import hashlib
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -20,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import builder
-from builder.boundary import baseimage, engine
+from builder.boundary import baseimage, engine, git
 from builder.errors import UserError
 from builder.model import paths
 from builder.model.matrix import Entry
@@ -110,22 +109,11 @@ def build_args(spec: BuildSpec) -> dict[str, str]:
 
 def source_date_epoch(entry: Entry) -> int:
     """Timestamps the build writes come from the inputs' last commit, not the clock."""
-    try:
-        out = subprocess.run(["git", "log", "-1", "--format=%ct", "--", str(paths.tag_dir(entry)),
-                              str(paths.SMOKE_DIR)], capture_output=True, text=True, timeout=10).stdout.strip()
-        return int(out) if out else ZIP_EPOCH
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        return ZIP_EPOCH
+    return git.last_commit_time([paths.tag_dir(entry), paths.SMOKE_DIR]) or ZIP_EPOCH
 
 
 def git_revision() -> str:
-    try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", str(paths.DOCKERFILES), str(paths.SMOKE_DIR)],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return (rev or "unknown") + ("-dirty" if dirty else "")
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
+    return git.revision([paths.DOCKERFILES, paths.SMOKE_DIR])
 
 
 def labels(spec: BuildSpec, facts: dict, digest: str) -> dict[str, str]:
@@ -204,22 +192,11 @@ def argv(spec: BuildSpec, secrets: Mapping[str, str], image_labels: Mapping[str,
     return out + ["-f", str(spec.context / "Dockerfile"), str(spec.context)]
 
 
-def masked(command: list[str], secrets: list[str]) -> str:
-    shown = " ".join(command)
-    for value in secrets:
-        shown = shown.replace(value, "****")
-    return shown
-
-
 def run(spec: BuildSpec, image_labels: Mapping[str, str], ca_bundle: str | None) -> tuple[int, str, str]:
-    """Run the build; returns (exit code, combined output, the command as shown, secrets masked)."""
+    """Run the build; returns (exit code, combined output, the command as shown), secrets masked in all three."""
     with secret_files(ca_bundle) as (secrets, secret_values):
-        command = argv(spec, secrets, image_labels)
-        proc = engine.run_cli(command, mask=secret_values)
-    output = proc.stdout
-    for value in secret_values:
-        output = output.replace(value, "****")
-    return proc.returncode, output, masked(command, secret_values)
+        proc = engine.run_cli(argv(spec, secrets, image_labels), mask=tuple(secret_values))
+    return proc.returncode, proc.stdout, proc.shown
 
 
 DISK_FULL_HINT = ("free space where the Docker engine keeps its data (`docker info -f '{{.DockerRootDir}}'`): "

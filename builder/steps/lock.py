@@ -11,7 +11,6 @@ import hashlib
 import os
 import re
 import time
-import urllib.request
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from builder import fsutil, log
+from builder.boundary import apt, web
 from builder.errors import EnvironmentProblem, StepFailed, UserError
 from builder.model import compat, paths
 from builder.model.matrix import Entry
@@ -177,15 +177,6 @@ def recorded_wheels() -> dict:
     return yaml.safe_load(text)["wheels"]
 
 
-def download_sha256(url: str, timeout: float = 60) -> str:
-    """sha256 of the file at `url` (streamed). Raises OSError when it cannot be fetched."""
-    digest = hashlib.sha256()
-    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (https URL from compat data)
-        for chunk in iter(lambda: response.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def flash_lock_text(entry: Entry, url: str, sha256: str | None, sources: list[str]) -> str:
     """flash-attn.lock: the wheel URL with its sha256 and where the hash came from (comment lines)."""
     head = _HEADER.format(tag=entry.tag) + f"# wheel: {url}\n"
@@ -197,7 +188,7 @@ def flash_lock_text(entry: Entry, url: str, sha256: str | None, sources: list[st
         f"flash-attn @ {url} \\\n    --hash=sha256:{sha256}\n")
 
 
-def _lock_flash_attn(entry: Entry, out_dir: Path, fetch=download_sha256) -> str:
+def _lock_flash_attn(entry: Entry, out_dir: Path, fetch=web.sha256) -> str:
     """Write flash-attn.lock from the recorded, sourced hash; where GitHub answers, re-derive and compare."""
     url = compat.derive(entry)["flash_attn_wheel"]
     record = recorded_wheels().get(url) or {}
@@ -257,11 +248,7 @@ def lock_apt(entry: Entry, out_dir: Path, base_ref: str) -> int:
     Runs `apt-get install --simulate` in the base itself, so the versions are the base archive's, and records
     the dated snapshot of that archive the build falls back to once the live archive drops a version.
     """
-    from builder.boundary import engine
-
-    script = ("rm -f /etc/apt/apt.conf.d/docker-clean; apt-get update -qq >/dev/null && "
-              "apt-get install -s --no-install-recommends " + " ".join(os_packages(entry)))
-    code, output = engine.run_container(base_ref, ["sh", "-c", script], timeout=300, network="host")
+    code, output = apt.simulate(base_ref, os_packages(entry))
     if code != 0:
         raise UserError(f"{entry.tag}: apt could not resolve {' '.join(os_packages(entry))} in {base_ref}: "
                         f"{output.strip().splitlines()[-1] if output.strip() else 'no output'}")
@@ -280,14 +267,8 @@ def lock_apt(entry: Entry, out_dir: Path, base_ref: str) -> int:
 
 def _lock_ops_apt(entry: Entry, nvcc: dict, out_dir: Path, base_ref: str) -> None:
     """nvcc from the distribution's extra components, resolved on top of the image's own packages."""
-    from builder.boundary import engine
-
     components = nvcc["components"]
-    script = ("rm -f /etc/apt/apt.conf.d/docker-clean; "
-              f"sed -i -E 's/^(Components: .*main)$/\\1 {components}/; s/^(deb .* main)$/\\1 {components}/' "
-              "$(find /etc/apt/ -name '*.list' -o -name '*.sources') && apt-get update -qq >/dev/null && "
-              "apt-get install -s --no-install-recommends " + " ".join(nvcc["packages"]))
-    code, output = engine.run_container(base_ref, ["sh", "-c", script], timeout=300, network="host")
+    code, output = apt.simulate(base_ref, nvcc["packages"], components)
     if code != 0:
         raise UserError(f"{entry.tag}: apt could not resolve {' '.join(nvcc['packages'])} in {base_ref}: "
                         f"{output.strip().splitlines()[-1] if output.strip() else 'no output'}")

@@ -19,7 +19,6 @@ import io
 import json
 import posixpath
 import stat
-import subprocess
 import tarfile
 import time
 import zlib
@@ -27,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder import fsutil, log
-from builder.boundary import buildkit, engine, tarstream
-from builder.errors import EnvironmentProblem, UserError
+from builder.boundary import engine, imagesave, tarstream
+from builder.errors import UserError
 from builder.model import paths, reference
 
 FORMAT = 1
@@ -267,27 +266,6 @@ def _read_save(stream) -> dict:
     return {"config": config, "config_name": top["Config"], "order": top["Layers"], "layers": layers}
 
 
-def _save_stream(image: str):
-    c = engine.client()
-    argv = [c.binary, "save", image]
-    log.echo_command(argv)
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=c.env(), bufsize=CHUNK)
-
-
-def _save_failed(proc, image: str) -> None:
-    """Raise EnvironmentProblem (exit 3) when `docker save` exited non-zero, naming why in one line."""
-    err = proc.stderr.read().decode("utf-8", "replace")
-    proc.stderr.close()
-    if proc.wait() == 0:
-        return
-    message, hint, environmental = buildkit.explain_failure(err)
-    if environmental:
-        raise EnvironmentProblem(f"`docker save {image}` failed: {message}", hint)
-    last = ([line.strip() for line in err.splitlines() if line.strip()] or ["no output"])[-1]
-    raise EnvironmentProblem(f"`docker save {image}` failed: {last[-300:]}",
-                             "check the engine (`docker info`) and that the image is still there, then re-run")
-
-
 def build_manifest(saved: dict, image: str) -> dict:
     fs = apply_layers([saved["layers"][name] for name in saved["order"]])
     status = fs.get("var/lib/dpkg/status", {}).get("content")
@@ -352,20 +330,8 @@ def manifest(image: str, cache: bool = True) -> dict:
         result["image"] = image
         result["stats"] = {"seconds": round(time.monotonic() - started, 1), "cached": True}
         return result
-    proc = _save_stream(ident)
-    try:
-        saved = read_save(proc.stdout, f"`docker save {image}`")
-    except UserError:
-        # An empty or cut-off stream is what a failed save looks like (the engine ran out of space for its
-        # export, or went away): the engine's own words come first, never "not a docker save archive".
-        while proc.stdout.read(CHUNK):  # to its end, so a save that did not fail is not killed by a closed pipe
-            pass
-        proc.stdout.close()
-        _save_failed(proc, image)
-        raise
-    finally:
-        proc.stdout.close()
-    _save_failed(proc, image)
+    with imagesave.stream(ident, image) as saving:
+        saved = read_save(saving, f"`docker save {image}`")
     result = build_manifest(saved, image)
     if cache:
         try:

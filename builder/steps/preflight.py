@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import os
 import re
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from builder.boundary import web
 from builder.errors import EnvironmentProblem, StepFailed, UserError
 from builder.model import compat
 from builder.model.matrix import Entry
@@ -31,18 +30,6 @@ class Source:
     what: str   # e.g. "base image registry for nvidia/cuda:12.1.1-runtime-ubuntu22.04"
     url: str    # what is probed
     mirror: str  # the flag or setting that provides a mirror
-
-
-def http_probe(url: str, timeout: float = 10) -> str | None:
-    """Any HTTP answer (401 from a registry, 404, 405 to HEAD) means the host is reachable."""
-    request = urllib.request.Request(url, method="HEAD")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout):  # noqa: S310 (http(s) URLs from the matrix/data)
-            return None
-    except urllib.error.HTTPError:
-        return None
-    except (urllib.error.URLError, OSError) as exc:
-        return str(getattr(exc, "reason", exc))
 
 
 def copied_files(dockerfile: Path) -> list[str]:
@@ -105,7 +92,7 @@ def sources(entry: Entry, out_dir: Path, *, base_image: str | None = None, index
     return found
 
 
-def preflight(entry: Entry, out_dir: Path, *, probe: Probe = http_probe, image_exists: Callable[[str], bool] =
+def preflight(entry: Entry, out_dir: Path, *, probe: Probe = web.probe, image_exists: Callable[[str], bool] =
               lambda ref: False, local_base: bool = False, base_image: str | None = None,
               index_url: str | None = None, apt_mirror: str | None = None,
               flash_attn_mirror: str | None = None) -> dict:

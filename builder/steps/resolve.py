@@ -6,14 +6,12 @@ hashes. Both ask the index the entry names.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder import log
+from builder.boundary import uv
 from builder.errors import CompatError, EnvironmentProblem
 from builder.model.compat import uses_pypi
 from builder.model.matrix import Entry
@@ -41,15 +39,6 @@ def requirement_lines(entry: Entry) -> list[str]:
     return lines
 
 
-def _uv() -> str:
-    try:
-        from uv import find_uv_bin
-
-        return find_uv_bin()
-    except (ImportError, FileNotFoundError):
-        raise EnvironmentProblem("uv is not installed", "run `make venv` (or pip install uv)") from None
-
-
 def compile_requirements(entry: Entry, hashes: bool, lines: list[str] | None = None,
                          prefer: list[str] | None = None) -> str:
     """Run uv pip compile; return its output. Conflicts become a CompatError in uv's own plain words.
@@ -65,21 +54,15 @@ def compile_requirements(entry: Entry, hashes: bool, lines: list[str] | None = N
 
 
 def _compile(entry: Entry, hashes: bool, lines: list[str] | None, out: Path | None) -> str:
-    argv = [_uv(), "pip", "compile", "-", "--python-version", entry.python, "--python-platform", PLATFORM,
+    args = ["--python-version", entry.python, "--python-platform", PLATFORM,
             "--index-url", entry.index_url, "--no-header", "--quiet", "--annotation-style", "split"]
     if out is not None:
-        argv += ["--output-file", str(out)]
+        args += ["--output-file", str(out)]
     if hashes:
-        argv.append("--generate-hashes")
+        args.append("--generate-hashes")
     if not uses_pypi(entry):
-        argv += ["--index-strategy", "unsafe-best-match", "--extra-index-url", "https://pypi.org/simple"]
-    log.echo_command(argv)
-    env = dict(os.environ, UV_NO_CONFIG="1")  # the project decides, not a stray uv.toml
-    try:
-        proc = subprocess.run(argv, input="\n".join(lines or requirement_lines(entry)) + "\n", text=True,
-                              capture_output=True, env=env, timeout=600)
-    except subprocess.TimeoutExpired:
-        raise EnvironmentProblem(f"{entry.tag}: resolution took over 10 minutes", "is the index reachable?") from None
+        args += ["--index-strategy", "unsafe-best-match", "--extra-index-url", "https://pypi.org/simple"]
+    proc = uv.pip_compile(args, lines or requirement_lines(entry), entry.tag)
     if proc.returncode == 0:
         return out.read_text() if out is not None else proc.stdout
     message = _explain(proc.stderr)
@@ -137,7 +120,7 @@ def add_arguments(p) -> None:
 
 
 def prepare(entries, options: Options) -> None:
-    _uv()
+    uv.binary()
 
 
 def run(entry: Entry, options: Options) -> Done:

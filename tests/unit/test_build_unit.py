@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from builder import log
 from builder.boundary import buildkit
 from tests.conftest import ROOT
 
@@ -75,7 +76,7 @@ def test_secrets_go_to_files_never_argv(monkeypatch, tmp_path):
     text = " ".join(argv)
     assert "s3cr3t" not in text and "--build-arg PIP_INDEX_URL" not in text
     assert f"id=pip_cert,src={bundle}" in text and "id=pip_index_url,src=" in text
-    assert buildkit.masked(argv + [token], values).count("****") == 1
+    assert log.command_line(argv + [token], values).count("****") == 1
 
 
 def test_missing_ca_bundle_is_a_user_error(monkeypatch):

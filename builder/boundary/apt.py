@@ -1,0 +1,25 @@
+"""apt inside a base image: what `apt-get install --simulate` would install there, so versions are the base
+archive's own. The container needs the network (the archive), nothing else."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from builder.boundary import engine
+
+TIMEOUT_S = 300
+# The base images' docker-clean hook deletes the package lists a simulation needs; lists are fetched fresh.
+_PREPARE = "rm -f /etc/apt/apt.conf.d/docker-clean; "
+
+
+def simulate(image: str, packages: Sequence[str], components: str | None = None) -> tuple[int, str]:
+    """(exit code, apt's output: one `Inst NAME (VERSION …)` line per package it would install).
+
+    `components`: archive components to enable besides main (e.g. `contrib non-free` for Debian's nvcc)."""
+    enable = ""
+    if components:
+        enable = (f"sed -i -E 's/^(Components: .*main)$/\\1 {components}/; s/^(deb .* main)$/\\1 {components}/' "
+                  "$(find /etc/apt/ -name '*.list' -o -name '*.sources') && ")
+    script = (_PREPARE + enable + "apt-get update -qq >/dev/null && apt-get install -s --no-install-recommends "
+              + " ".join(packages))
+    return engine.run_container(image, ["sh", "-c", script], timeout=TIMEOUT_S, network="host")
