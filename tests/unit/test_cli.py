@@ -3,17 +3,8 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
-from tests.conftest import ROOT, run_cli
-
-
-def test_help_lists_the_verbs():
-    out = subprocess.run([sys.executable, "-m", "builder", "--help"], capture_output=True, text=True, cwd=ROOT)
-    assert out.returncode == 0
-    for verb in ("validate", "list", "matrix", "resolve", "lock", "render", "build", "smoke"):
-        assert verb in out.stdout
+from tests.conftest import run_cli
 
 
 def test_list_table(project, capsys):
@@ -49,9 +40,3 @@ def test_missing_matrix_file(project, capsys):
     assert "nope.yaml: cannot read" in capsys.readouterr().err
 
 
-def test_subprocess_exit_code_and_no_traceback(project):
-    (project / "matrix.yaml").write_text("entries: [1\n")
-    proc = subprocess.run([sys.executable, "-m", "builder", "validate"], capture_output=True, text=True, cwd=project,
-                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
-    assert proc.returncode == 2
-    assert proc.stderr.startswith("error: matrix.yaml:") and "Traceback" not in proc.stderr
