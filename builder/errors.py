@@ -5,6 +5,7 @@ credential someone put into a URL or a registry name (the value is shown with `*
 """
 
 import re
+from urllib.parse import unquote, urlsplit
 
 # scheme://user:password@host or user:password@host/...: the userinfo part, wherever it appears.
 # Both alternatives start only at a word boundary (the lookbehinds), which keeps the scan linear: a message
@@ -19,9 +20,23 @@ def hide(text, secrets=()):
     (`pykey==1.0`, `key=lambda`)."""
     if not isinstance(text, str):
         return text
-    for value in sorted({s for s in secrets if s}, key=len, reverse=True):  # the longest first: overlaps
+    for value in sorted(_parts(secrets), key=len, reverse=True):  # the longest first: overlaps
         text = text.replace(value, "****")
     return text
+
+
+def _parts(secrets) -> set[str]:
+    """The values, and the password of each that is a URL with one: a tool may print the token alone
+    (`token=…`, an encoded URL), not the whole PIP_INDEX_URL it came in."""
+    found = {s for s in secrets if s}
+    for value in list(found):
+        try:
+            password = urlsplit(value).password if "@" in value else None
+        except ValueError:  # not a URL after all
+            password = None
+        if password and len(password) >= 4:  # `a`, `x`: masking those would garble every line
+            found.update({password, unquote(password)})
+    return found
 
 
 def mask(text, secrets=()):

@@ -105,6 +105,6 @@ def _trusted() -> str | bool:
 def _reason(exc: requests.RequestException) -> str:
     """One line: requests nests the cause (`… Max retries exceeded … (Caused by NameResolutionError(…))`)."""
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    inner = text.rsplit("(Caused by ", 1)[-1].rstrip(")") if "(Caused by " in text else text
+    inner = text.rsplit("(Caused by ", 1)[-1].removesuffix(")") if "(Caused by " in text else text
     kind = "timed out" if "Timeout" in type(exc).__name__ else type(exc).__name__
     return f"{kind}: {inner[:200]}"

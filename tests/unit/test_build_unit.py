@@ -7,8 +7,10 @@ import os
 import pytest
 
 from builder import log
-from builder.boundary import buildkit
-from tests.conftest import ROOT
+from builder.boundary import buildkit, engine
+from tests.conftest import ROOT, run_cli
+
+REAL_SDK = engine.sdk  # taken before the autouse guard replaces it for every test
 
 SAMPLES = {
     "write /opt/venv/x: no space left on device": "the disk is full",
@@ -117,3 +119,24 @@ def test_input_hash_changes_with_the_builder_version(tmp_path, monkeypatch):
     before = buildkit.input_hash(_spec(tmp_path))
     monkeypatch.setattr(builder, "__version__", builder.__version__ + ".1")
     assert buildkit.input_hash(_spec(tmp_path)) != before
+
+
+def test_no_engine_is_exit_3_with_how_to_start(project, monkeypatch, capsys):
+    """The SDK finds no engine at DOCKER_HOST (here: its own error, as docker raises it without a socket)."""
+    import docker
+
+    def from_env(**_kwargs):
+        raise docker.errors.DockerException("Error while fetching server API version: ('Connection aborted.', "
+                                            "FileNotFoundError(2, 'No such file or directory'))")
+
+    monkeypatch.setenv("DOCKER_HOST", "unix:///tmp/nothing.sock")
+    monkeypatch.setattr(docker, "from_env", from_env)
+    monkeypatch.setattr(engine, "sdk", REAL_SDK)
+    assert run_cli("build", "cu130-torch2.13-bookworm") == 3
+    err = capsys.readouterr().err
+    assert "no Docker engine answers at unix:///tmp/nothing.sock" in err and "dockerd" in err
+    assert "Traceback" not in err
+
+
+def test_build_without_tags_is_a_user_error(project, capsys):
+    assert run_cli("build") == 2 and "pass --all" in capsys.readouterr().err

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.conftest import run_cli
 
 
@@ -40,3 +42,20 @@ def test_missing_matrix_file(project, capsys):
     assert "nope.yaml: cannot read" in capsys.readouterr().err
 
 
+
+
+def test_help_lists_the_verbs(capsys):
+    """In-process; `python -m builder --help` as a real process: tests/integration/test_real_processes.py."""
+    with pytest.raises(SystemExit) as done:
+        run_cli("--help")
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    for verb in ("validate", "list", "matrix", "resolve", "lock", "render", "build", "smoke"):
+        assert verb in out
+
+
+def test_broken_matrix_is_exit_2_in_one_line(project, capsys):
+    (project / "matrix.yaml").write_text("entries: [1\n")
+    assert run_cli("validate") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: matrix.yaml:") and "Traceback" not in err

@@ -62,3 +62,19 @@ def test_bytecode_is_compiled_for_new_files_only_and_hash_checked(dockerfile):
 def test_build_tools_lock_is_rendered_with_hashes():
     text = render.build_tools_lock()
     assert re.search(r"^uv==\d+\.\d+\.\d+ \\$", text, flags=re.M) and "--hash=sha256:" in text
+
+
+def test_compile_new_picks_the_files_of_new_and_upgraded_packages_only(tmp_path):
+    """Which files compile-new.py compiles (its compiling, in a process pool: tests/integration/)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("compile_new", ROOT / "builder" / "data" / "compile-new.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    site = tmp_path / "site"
+    for dist, module_name in (("old-1.0", "old"), ("up-2.0", "up"), ("new-1.0", "new")):
+        (site / f"{dist}.dist-info").mkdir(parents=True)
+        (site / f"{dist}.dist-info" / "RECORD").write_text(
+            f"{module_name}/__init__.py,,\n{module_name}/data.json,,\n../../bin/{module_name}.py,,\n")
+    before = {"old-1.0.dist-info", "up-1.0.dist-info"}  # `up` was upgraded, `new` is new, `old` untouched
+    assert module.files(str(site), before) == [str(site / "new" / "__init__.py"), str(site / "up" / "__init__.py")]
