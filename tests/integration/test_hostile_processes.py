@@ -113,13 +113,19 @@ def test_two_renders_at_once_are_serialised(rendered, capsys):
     change_matrix(rendered)
     first = _start_paused(rendered)  # holds the lock, paused mid-staging
     second = run_builder(rendered, "render")
-    time.sleep(1.0)
-    assert second.poll() is None, "the second render must wait for the first"
+    # Read until the second says it waits, not a fixed sleep: on a loaded machine its start alone takes seconds.
+    # It cannot finish meanwhile (the first holds the lock), so the loop ends at that line, or at its EOF.
+    said = []
+    for line in second.stderr:
+        said.append(line)
+        if "waiting for another process writing dockerfiles/" in line:
+            break
+    assert second.poll() is None, f"the second render must wait for the first: {said}"
     _resume(rendered)
     out1, err1 = first.communicate(timeout=60)
     out2, err2 = second.communicate(timeout=60)
     assert (first.returncode, second.returncode) == (0, 0), err1 + err2
-    assert "waiting for another process writing dockerfiles/" in err2
+    assert "waiting for another process writing dockerfiles/" in "".join(said)
     assert "Traceback" not in err1 + err2
     assert run_cli("render", "--check") == 0 and leftovers(rendered) == []
 

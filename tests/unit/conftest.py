@@ -28,10 +28,10 @@ class ForbiddenInUnitTests(AssertionError):
     """Raised by whatever a unit test may not reach."""
 
 
-def _refuse(what: str):
+def _refuse(what: str, show_args: bool = False):
     def refused(*args, **_kwargs):
-        shown = args[0] if args and what == "a process" else ""
-        raise ForbiddenInUnitTests(f"a unit test tried to start {what} {shown!r}: {HOW}".replace(" ''", ""))
+        shown = f" {args[0]!r}" if show_args and args else ""
+        raise ForbiddenInUnitTests(f"a unit test tried to start {what}{shown}: {HOW}")
 
     return refused
 
@@ -51,10 +51,10 @@ def no_docker_engine(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def no_processes(monkeypatch):
-    monkeypatch.setattr(subprocess, "Popen", _refuse("a process"))
+    monkeypatch.setattr(subprocess, "Popen", _refuse("a process", show_args=True))
     for name in OS_STARTERS:
         if hasattr(os, name):
-            monkeypatch.setattr(os, name, _refuse(f"a process (os.{name})"))
+            monkeypatch.setattr(os, name, _refuse(f"a process (os.{name})", show_args=True))
 
 
 @pytest.fixture(autouse=True)
