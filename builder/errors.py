@@ -5,6 +5,7 @@ credential someone put into a URL or a registry name (the value is shown with `*
 """
 
 import re
+from urllib.parse import unquote, urlsplit
 
 # scheme://user:password@host or user:password@host/...: the userinfo part, wherever it appears.
 # Both alternatives start only at a word boundary (the lookbehinds), which keeps the scan linear: a message
@@ -13,8 +14,36 @@ _USERINFO = re.compile(r"(?P<pre>(?:(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*:/
 _QUERY_SECRET = re.compile(r"(?i)((?:token|password|passwd|secret|key|auth|sig|signature)=)[^&\s'\"]+")
 
 
-def mask(text):
-    """`text` with URL credentials (user:password@, token=...) replaced by ****."""
+def hide(text, secrets=()):
+    """`text` with each of the given secret values replaced by ****, and nothing else changed: for a command's
+    output that is data (a lock, a file `git show` printed), which the URL patterns of `mask` could alter
+    (`pykey==1.0`, `key=lambda`)."""
+    if not isinstance(text, str):
+        return text
+    for value in sorted(_parts(secrets), key=len, reverse=True):  # the longest first: overlaps
+        text = text.replace(value, "****")
+    return text
+
+
+def _parts(secrets) -> set[str]:
+    """The values, and the password of each that is a URL with one: a tool may print the token alone
+    (`token=…`, an encoded URL), not the whole PIP_INDEX_URL it came in."""
+    found = {s for s in secrets if s}
+    for value in list(found):
+        try:
+            password = urlsplit(value).password if "@" in value else None
+        except ValueError:  # not a URL after all
+            password = None
+        if password and len(password) >= 4:  # `a`, `x`: masking those would garble every line
+            found.update({password, unquote(password)})
+    return found
+
+
+def mask(text, secrets=()):
+    """`text` with the given secret values and URL credentials (user:password@, token=...) replaced by ****.
+
+    The one masking function: errors, echoed command lines and streamed command output all pass through it."""
+    text = hide(text, secrets)
     if not isinstance(text, str) or ("@" not in text and "=" not in text):
         return text
     text = _USERINFO.sub(lambda m: f"{m.group('pre') or ''}****@", text)

@@ -9,6 +9,8 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
+from builder import errors
+
 _OK, _FAIL = "✓", "✕"
 
 
@@ -16,13 +18,16 @@ def info(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def echo_command(argv: Sequence[str], mask: Sequence[str] = ()) -> None:
-    """Print a command before it runs (cibuildwheel habit), with secret values masked."""
-    text = shlex.join(str(a) for a in argv)
-    for secret in mask:
-        if secret:
-            text = text.replace(secret, "****")
+def command_line(argv: Sequence[str], secrets: Sequence[str] = ()) -> str:
+    """A command as a shell would read it, with the secret values and any URL credentials masked."""
+    return errors.mask(shlex.join(str(a) for a in argv), secrets)
+
+
+def echo_command(argv: Sequence[str], secrets: Sequence[str] = ()) -> str:
+    """Print a command before it runs (cibuildwheel habit), masked; return the line as printed."""
+    text = command_line(argv, secrets)
     info(f"+ {text}")
+    return text
 
 
 @contextmanager

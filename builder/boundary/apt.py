@@ -1,25 +1,35 @@
-"""apt's own resolution, run in the base image itself, so the versions pinned are the base archive's."""
+"""apt inside a base image: what `apt-get install --simulate` would install there, so versions are the base
+archive's own. The container needs the network (the archive), nothing else."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from builder.boundary import engine
 from builder.errors import UserError
 
-_NO_CLEAN = "rm -f /etc/apt/apt.conf.d/docker-clean; "
-# Adds components (e.g. "contrib non-free") to the base's own sources, one-line and deb822 formats alike.
-_COMPONENTS = ("sed -i -E 's/^(Components: .*main)$/\\1 {c}/; s/^(deb .* main)$/\\1 {c}/' "
-               "$(find /etc/apt/ -name '*.list' -o -name '*.sources') && ")
+TIMEOUT_S = 300
+# The base images' docker-clean hook deletes the package lists a simulation needs; lists are fetched fresh.
+_PREPARE = "rm -f /etc/apt/apt.conf.d/docker-clean; "
 
 
-def simulate_install(tag: str, base_ref: str, packages: list[str], components: str | None = None) -> str:
-    """The output of `apt-get install --simulate PACKAGES` in `base_ref` (its `Inst` lines name every version).
+def simulate(image: str, packages: Sequence[str], components: str | None = None) -> tuple[int, str]:
+    """(exit code, apt's output: one `Inst NAME (VERSION …)` line per package it would install).
 
-    `components` come from compat.yaml (validated data), the package names from the lock recipe: nothing
-    from the command line reaches this shell line."""
-    script = _NO_CLEAN + (_COMPONENTS.format(c=components) if components else "") + (
-        "apt-get update -qq >/dev/null && apt-get install -s --no-install-recommends " + " ".join(packages))
-    code, output = engine.run_container(base_ref, ["sh", "-c", script], timeout=300, network="host")
+    `components`: archive components to enable besides main (e.g. `contrib non-free` for Debian's nvcc)."""
+    enable = ""
+    if components:
+        enable = (f"sed -i -E 's/^(Components: .*main)$/\\1 {components}/; s/^(deb .* main)$/\\1 {components}/' "
+                  "$(find /etc/apt/ -name '*.list' -o -name '*.sources') && ")
+    script = (_PREPARE + enable + "apt-get update -qq >/dev/null && apt-get install -s --no-install-recommends "
+              + " ".join(packages))
+    return engine.run_container(image, ["sh", "-c", script], timeout=TIMEOUT_S, network="host")
+
+
+def simulate_install(tag: str, image: str, packages: Sequence[str], components: str | None = None) -> str:
+    """`simulate`'s output, or a one-line error naming the tag, the packages and apt's last word (exit 2)."""
+    code, output = simulate(image, packages, components)
     if code != 0:
         last = output.strip().splitlines()[-1] if output.strip() else "no output"
-        raise UserError(f"{tag}: apt could not resolve {' '.join(packages)} in {base_ref}: {last}")
+        raise UserError(f"{tag}: apt could not resolve {' '.join(packages)} in {image}: {last}")
     return output

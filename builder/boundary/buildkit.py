@@ -11,7 +11,6 @@ import hashlib
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -20,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import builder
-from builder.boundary import baseimage, engine
+from builder.boundary import baseimage, engine, git
 from builder.model import context, paths
 from builder.model.inputs import Inputs
 from builder.model.matrix import Entry
@@ -79,26 +78,13 @@ def build_args(spec: BuildSpec) -> dict[str, str]:
 
 
 def source_date_epoch(entry: Entry) -> int:
-    """The inputs' last commit time (dockerfiles/<tag>/ and smoke/): it dates the image in its labels. The
-    timestamps the build writes come from the SOURCE_DATE_EPOCH the Dockerfile fixes, not from this."""
-    try:
-        where = [str(paths.tag_dir(entry)), str(paths.lock_dir(entry)), str(paths.SMOKE_DIR)]
-        out = subprocess.run(["git", "log", "-1", "--format=%ct", "--", *where], capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        return int(out) if out else ZIP_EPOCH
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        return ZIP_EPOCH
+    """The inputs' last commit time (dockerfiles/<tag>/, locks/<tag>/ and smoke/): it dates the image in its
+    labels. The timestamps the build writes come from the SOURCE_DATE_EPOCH the Dockerfile fixes, not from this."""
+    return git.last_commit_time([paths.tag_dir(entry), paths.lock_dir(entry), paths.SMOKE_DIR]) or ZIP_EPOCH
 
 
 def git_revision() -> str:
-    try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip()
-        where = [str(paths.DOCKERFILES), str(paths.LOCKS), str(paths.SMOKE_DIR)]
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", *where], capture_output=True, text=True,
-                               timeout=10).stdout.strip()
-        return (rev or "unknown") + ("-dirty" if dirty else "")
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
+    return git.revision([paths.DOCKERFILES, paths.LOCKS, paths.SMOKE_DIR])
 
 
 def labels(spec: BuildSpec, facts: dict, digest: str) -> dict[str, str]:
@@ -167,23 +153,11 @@ def argv(spec: BuildSpec, secrets: Mapping[str, str], image_labels: Mapping[str,
     return out + ["-f", str(spec.context / "Dockerfile"), str(spec.context)]
 
 
-def masked(command: list[str], secrets: list[str]) -> str:
-    shown = " ".join(command)
-    for value in secrets:
-        shown = shown.replace(value, "****")
-    return shown
-
-
 def run(spec: BuildSpec, image_labels: Mapping[str, str], inputs: Inputs) -> tuple[int, str, str]:
-    """Run the build; returns (exit code, combined output, the command as shown, secrets masked)."""
-    secret_values = inputs.secret_values
+    """Run the build; returns (exit code, combined output, the command as shown), secrets masked in all three."""
     with secret_files(inputs) as secrets:
-        command = argv(spec, secrets, image_labels)
-        proc = engine.run_cli(command, mask=secret_values)
-    output = proc.stdout
-    for value in secret_values:
-        output = output.replace(value, "****")
-    return proc.returncode, output, masked(command, secret_values)
+        proc = engine.run_cli(argv(spec, secrets, image_labels), mask=tuple(inputs.secret_values))
+    return proc.returncode, proc.stdout, proc.shown
 
 
 DISK_FULL_HINT = ("free space where the Docker engine keeps its data (`docker info -f '{{.DockerRootDir}}'`): "

@@ -13,10 +13,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 from dataclasses import dataclass
 
-from builder.boundary import registry
+from builder.boundary import process, registry
 from builder.errors import EnvironmentProblem, StepFailed, UserError
 from builder.model import attestations
 
@@ -49,12 +48,13 @@ def _registry_flags(ref: str) -> list[str]:
     return ["--allow-http-registry"] if host.startswith(("127.0.0.1", "localhost", "[::1]")) else []
 
 
-def _run(argv: list[str]) -> subprocess.CompletedProcess:
+def _run(argv: list[str]) -> process.Result:
     env = dict(os.environ)
     env.setdefault("COSIGN_PASSWORD", "")  # key files made for CI/tests carry no passphrase unless one is set
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, check=False)
-    except subprocess.TimeoutExpired:
+        secrets = [env["COSIGN_PASSWORD"]] if env["COSIGN_PASSWORD"] else []
+        return process.run(argv, timeout=TIMEOUT_S, env=env, secrets=secrets)
+    except process.TimedOut:
         raise StepFailed(f"cosign {argv[1]} did not finish in {TIMEOUT_S} s") from None
 
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from builder import log
+from builder.boundary import process
 from builder.errors import EnvironmentProblem
 
 CANDIDATES = ("docker", "/usr/bin/docker")
@@ -56,11 +56,12 @@ class Client:
         return dict(os.environ, DOCKER_BUILDKIT="1")
 
 
-def _quiet(argv: list[str], timeout: int = 20) -> subprocess.CompletedProcess:
+def _quiet(argv: list[str], timeout: int = 20) -> process.Result:
+    """A probe of a candidate client: one that cannot run, or hangs, is simply not the one (exit 127)."""
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return subprocess.CompletedProcess(argv, 127, "", str(exc))
+        return process.run(argv, timeout=timeout, echo=False)
+    except EnvironmentProblem as exc:
+        return process.Result(127, "", exc.message, "")
 
 
 @functools.lru_cache(maxsize=1)
@@ -100,26 +101,10 @@ def sdk():
     return api
 
 
-def run_cli(argv: list[str], mask: tuple[str, ...] = (), timeout: int | None = None,
-            stream: bool = True) -> subprocess.CompletedProcess:
-    """Run a docker CLI command, echoed first; output streams through unless `stream` is False."""
-    log.echo_command(argv, mask)
-    c = client()
-    if stream:
-        proc = subprocess.Popen(argv, env=c.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                errors="replace")
-        lines = []
-        try:
-            for line in proc.stdout:
-                lines.append(line)
-                log.info("  " + line.rstrip())
-            proc.wait(timeout=timeout)
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-        return subprocess.CompletedProcess(argv, proc.returncode, "".join(lines), "")
-    return subprocess.run(argv, env=c.env(), capture_output=True, text=True, timeout=timeout, errors="replace")
+def run_cli(argv: list[str], mask: tuple[str, ...] = (), timeout: int | None = None, stream: bool = True,
+            input: str | None = None) -> process.Result:
+    """Run a docker CLI command, echoed first with `mask`'s values hidden; output streams unless `stream` is False."""
+    return process.run(argv, timeout=timeout, input=input, env=client().env(), stream=stream, secrets=mask)
 
 
 def image_or_none(ref: str):

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
+import socket
+
+from builder.boundary import process
+from builder.errors import EnvironmentProblem
 
 
 def parse_nvidia_smi(text: str) -> list[dict]:
@@ -22,12 +25,12 @@ def gpus() -> tuple[list[dict], str]:
     if smi:
         try:
             query = ["--query-gpu=driver_version,name,memory.total", "--format=csv,noheader,nounits"]
-            proc = subprocess.run([smi, *query], capture_output=True, text=True, timeout=60)
+            proc = process.run([smi, *query], timeout=60, echo=False)
             if proc.returncode == 0:
                 return parse_nvidia_smi(proc.stdout), "nvidia-smi"
             return [], f"nvidia-smi failed: {(proc.stderr or proc.stdout).strip()[:160]}"
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return [], f"nvidia-smi failed: {exc}"
+        except EnvironmentProblem as exc:
+            return [], f"nvidia-smi failed: {exc.message}"
     try:
         import pynvml
 
@@ -44,3 +47,8 @@ def gpus() -> tuple[list[dict], str]:
 def nvidia_runtime(engine_info: dict) -> bool:
     """Can containers get GPUs here: an `nvidia` runtime in the engine, or the container toolkit's hook."""
     return "nvidia" in (engine_info.get("Runtimes") or {}) or bool(shutil.which("nvidia-container-runtime-hook"))
+
+
+def name() -> str:
+    """This machine's host name (a local run's provenance names it)."""
+    return socket.gethostname()

@@ -13,14 +13,16 @@ import io
 import json
 import posixpath
 import stat
-import subprocess
 import tarfile
 import time
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 from builder import fsutil, log
-from builder.boundary import buildkit, engine, tarstream
+from builder.boundary import buildkit, engine, process, tarstream
 from builder.errors import EnvironmentProblem, UserError
 from builder.model import paths, reference
 from builder.model.manifest import build_manifest
@@ -180,24 +182,40 @@ def _read_save(stream) -> dict:
     return {"config": config, "config_name": top["Config"], "order": top["Layers"], "layers": layers}
 
 
-def _save_stream(image: str):
+@contextmanager
+def stream(image: str, name: str | None = None) -> Iterator[BinaryIO]:
+    """The tar stream of `docker save image`. A save that failed (a full disk, the engine gone) is exit 3 in the
+    engine's own words, and wins over whatever the caller made of the cut-off stream: an empty or truncated
+    archive is what a failed save looks like, never "not a docker save archive". `name`: the image as the user
+    called it, for messages."""
     c = engine.client()
-    argv = [c.binary, "save", image]
-    log.echo_command(argv)
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=c.env(), bufsize=CHUNK)
+    pipe = process.pipe([c.binary, "save", image], env=c.env(), bufsize=CHUNK)
+    try:
+        yield pipe.stdout
+    except Exception:
+        while pipe.stdout.read(CHUNK):  # to its end, so a save that did not fail is not killed by a closed pipe
+            pass
+        pipe.stdout.close()
+        _check(pipe, name or image)
+        raise
+    except BaseException:  # Ctrl-C: no export outlives the builder
+        pipe.stop()
+        raise
+    finally:
+        pipe.stdout.close()
+    _check(pipe, name or image)
 
 
-def _save_failed(proc, image: str) -> None:
+def _check(pipe: process.Pipe, name: str) -> None:
     """Raise EnvironmentProblem (exit 3) when `docker save` exited non-zero, naming why in one line."""
-    err = proc.stderr.read().decode("utf-8", "replace")
-    proc.stderr.close()
-    if proc.wait() == 0:
+    code, err = pipe.finish()
+    if code == 0:
         return
     message, hint, environmental = buildkit.explain_failure(err)
     if environmental:
-        raise EnvironmentProblem(f"`docker save {image}` failed: {message}", hint)
+        raise EnvironmentProblem(f"`docker save {name}` failed: {message}", hint)
     last = ([line.strip() for line in err.splitlines() if line.strip()] or ["no output"])[-1]
-    raise EnvironmentProblem(f"`docker save {image}` failed: {last[-300:]}",
+    raise EnvironmentProblem(f"`docker save {name}` failed: {last[-300:]}",
                              "check the engine (`docker info`) and that the image is still there, then re-run")
 
 
@@ -248,20 +266,8 @@ def manifest(image: str, cache: bool = True) -> dict:
         result["image"] = image
         result["stats"] = {"seconds": round(time.monotonic() - started, 1), "cached": True}
         return result
-    proc = _save_stream(ident)
-    try:
-        saved = read_save(proc.stdout, f"`docker save {image}`")
-    except UserError:
-        # An empty or cut-off stream is what a failed save looks like (the engine ran out of space for its
-        # export, or went away): the engine's own words come first, never "not a docker save archive".
-        while proc.stdout.read(CHUNK):  # to its end, so a save that did not fail is not killed by a closed pipe
-            pass
-        proc.stdout.close()
-        _save_failed(proc, image)
-        raise
-    finally:
-        proc.stdout.close()
-    _save_failed(proc, image)
+    with stream(ident, image) as saving:
+        saved = read_save(saving, f"`docker save {image}`")
     result = build_manifest(saved, image)
     if cache:
         try:

@@ -14,14 +14,14 @@ import hashlib
 import json
 import os
 import re
-import subprocess
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.errors import StepFailed, UserError
+from builder.boundary import process
+from builder.errors import EnvironmentProblem, StepFailed, UserError
 from builder.model.reference import PATH_COMPONENT
 
 # Docker image manifests first (what `docker push` writes), then OCI, then lists/indexes: without these
@@ -104,10 +104,9 @@ def credentials(host: str, config: Path | None = None) -> tuple[str, str] | None
 
 
 def _from_helper(helper: str, host: str) -> tuple[str, str] | None:
-    try:
-        proc = subprocess.run([f"docker-credential-{helper}", "get"], input=host, capture_output=True, text=True,
-                              timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
+    try:  # not echoed: the helper's answer is the credential itself, and a missing helper just means none
+        proc = process.run([f"docker-credential-{helper}", "get"], input=host, timeout=30, echo=False)
+    except EnvironmentProblem:
         return None
     if proc.returncode != 0:
         return None

@@ -9,10 +9,8 @@ wheel. Their names and format are builder/model/lockfile.py; the resolver (uv) a
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -20,7 +18,8 @@ from pathlib import Path
 import yaml
 
 from builder import fsutil, log
-from builder.boundary import apt, baseimage
+from builder.boundary import apt, baseimage, web
+from builder.boundary.uv import compile_requirements
 from builder.errors import EnvironmentProblem, StepFailed, UserError
 from builder.model import compat, lockfile, paths
 from builder.model.inputs import Inputs
@@ -42,7 +41,6 @@ from builder.model.lockfile import (
 )
 from builder.model.matrix import Entry
 from builder.steps import Done
-from builder.steps.resolve import compile_requirements
 
 
 def _write(path: Path, text: str) -> None:
@@ -117,16 +115,7 @@ def recorded_wheels() -> dict:
     return yaml.safe_load(text)["wheels"]
 
 
-def download_sha256(url: str, timeout: float = 60) -> str:
-    """sha256 of the file at `url` (streamed). Raises OSError when it cannot be fetched."""
-    digest = hashlib.sha256()
-    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (https URL from compat data)
-        for chunk in iter(lambda: response.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _lock_flash_attn(entry: Entry, out_dir: Path, fetch=download_sha256) -> str:
+def _lock_flash_attn(entry: Entry, out_dir: Path, fetch=web.sha256) -> str:
     """Write flash-attn.lock from the recorded, sourced hash; where GitHub answers, re-derive and compare."""
     url = compat.derive(entry)["flash_attn_wheel"]
     record = recorded_wheels().get(url) or {}

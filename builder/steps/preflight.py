@@ -10,12 +10,11 @@ a parameter, so tests run without network.
 from __future__ import annotations
 
 import os
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from builder.boundary import web
 from builder.errors import EnvironmentProblem, StepFailed, UserError
 from builder.model import compat, lockfile, paths
 from builder.model.inputs import Inputs
@@ -31,18 +30,6 @@ class Source:
     what: str   # e.g. "base image registry for nvidia/cuda:12.1.1-runtime-ubuntu22.04"
     url: str    # what is probed
     mirror: str  # the flag or setting that provides a mirror
-
-
-def http_probe(url: str, timeout: float = 10) -> str | None:
-    """Any HTTP answer (401 from a registry, 404, 405 to HEAD) means the host is reachable."""
-    request = urllib.request.Request(url, method="HEAD")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout):  # noqa: S310 (http(s) URLs from the matrix/data)
-            return None
-    except urllib.error.HTTPError:
-        return None
-    except (urllib.error.URLError, OSError) as exc:
-        return str(getattr(exc, "reason", exc))
 
 
 def copied_files(dockerfile: Path) -> list[str]:
@@ -92,7 +79,7 @@ def sources(entry: Entry, inputs: Inputs, index_url: str | None = None) -> list[
     return found
 
 
-def preflight(entry: Entry, inputs: Inputs, staged: Path, *, probe: Probe = http_probe,
+def preflight(entry: Entry, inputs: Inputs, staged: Path, *, probe: Probe = web.probe,
               image_exists: Callable[[str], bool] = lambda ref: False, index_url: str | None = None) -> dict:
     """Raise StepFailed (exit 1, committed files), EnvironmentProblem (exit 3, an unreachable source, with
     the mirror flag) or UserError (exit 2, a declared exception the build cannot get past); else a report.

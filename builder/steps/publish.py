@@ -29,8 +29,6 @@ import json
 import os
 import re
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +37,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from builder import fsutil, log, reports
-from builder.boundary import engine, inspect, registry
+from builder.boundary import engine, inspect, process, registry
+from builder.boundary import host as machine
 from builder.errors import StepFailed, UserError
 from builder.model import attestations, paths, plan
 from builder.steps import Done
@@ -278,14 +277,12 @@ def docker_config(options: Options, host: str):
     tmp.chmod(0o700)
     try:
         argv = docker(tmp, "login", "--username", options.username, "--password-stdin", host)
-        log.echo_command(argv)
         try:
-            proc = subprocess.run(argv, input=options.password, capture_output=True, text=True, timeout=120,
-                                  env=engine.client().env())
-        except subprocess.TimeoutExpired:
+            proc = engine.run_cli(argv, mask=(options.password,), input=options.password, stream=False, timeout=120)
+        except process.TimedOut:
             raise StepFailed(f"docker login {host} timed out") from None
         if proc.returncode != 0:
-            reason = (proc.stderr.strip().splitlines() or ["?"])[-1].replace(options.password, "****")[:200]
+            reason = (proc.stderr.strip().splitlines() or ["?"])[-1][:200]
             raise StepFailed(f"login to {host} as {options.username} failed: {reason}",
                              "check the user name and token")
         yield tmp
@@ -390,7 +387,7 @@ def builder_identity() -> str:
     if env.get("GITHUB_RUN_ID"):
         return f"{env.get('GITHUB_SERVER_URL', 'https://github.com')}/{env.get('GITHUB_REPOSITORY')}/actions/runs/" \
                f"{env['GITHUB_RUN_ID']}"
-    return f"local:{socket.gethostname()} (not CI)"
+    return f"local:{machine.name()} (not CI)"
 
 
 def run(entry, options: Options) -> Done:

@@ -9,21 +9,17 @@ The parsing and the diff are pure (builder.model.knowledge). Nothing is written 
 from __future__ import annotations
 
 import json
-import os
-import ssl
-import subprocess
-import urllib.error
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from datetime import date
 from importlib import resources
 from pathlib import Path
+from urllib.parse import urljoin
 
 import yaml
 from packaging.version import InvalidVersion, Version
 
 from builder import fsutil, log
+from builder.boundary import git, web
 from builder.errors import EnvironmentProblem, UserError
 from builder.model import compat, knowledge
 
@@ -62,21 +58,14 @@ def add_arguments(p) -> None:
                    "one shipped in the package)")
 
 
-def _context() -> ssl.SSLContext:
-    # An intercepting proxy's CA is handed in the usual way (SSL_CERT_FILE, as for pip and uv).
-    return ssl.create_default_context(cafile=os.environ.get("SSL_CERT_FILE") or None)
-
-
 def _get(url: str) -> bytes:
-    req = urllib.request.Request(url, headers={"User-Agent": "train-image-builder refresh-compat"})
-    with urllib.request.urlopen(req, timeout=TIMEOUT_S, context=_context()) as resp:  # noqa: S310 - https only
-        return resp.read()
+    return web.get(url, timeout=TIMEOUT_S)
 
 
 def pypi_project(name: str) -> dict:
     try:
         return json.loads(_get(PYPI.format(name=name)))
-    except (urllib.error.URLError, TimeoutError, OSError, json.JSONDecodeError) as exc:
+    except (OSError, json.JSONDecodeError) as exc:
         raise EnvironmentProblem(f"cannot read {PYPI.format(name=name)}: {exc}",
                                  "check the network/proxy (SSL_CERT_FILE for an intercepting proxy)") from exc
 
@@ -92,12 +81,12 @@ def torch_from_pypi(since: str) -> dict[str, dict]:
         # PEP 658 metadata (`<wheel>.metadata`) exists for files uploaded since 2023; the JSON API's
         # `core-metadata` flag is not reliable behind mirrors, so ask and accept a 404.
         for wheel in wheels[:3]:  # metadata is per file; a few tries cover partly backfilled releases
-            url = urllib.parse.urljoin(PYPI.format(name="torch"), wheel["url"]) + ".metadata"
+            url = urljoin(PYPI.format(name="torch"), wheel["url"]) + ".metadata"
             try:
                 metadata = _get(url).decode("utf-8", "replace")
                 break
-            except (urllib.error.URLError, TimeoutError, OSError) as exc:
-                reason = getattr(exc, "code", exc)
+            except OSError as exc:
+                reason = getattr(exc, "status", None) or exc
         else:
             if wheels:
                 log.info(f"note: torch {version}: no core metadata ({reason}); its CUDA build and cuDNN are "
@@ -108,8 +97,6 @@ def torch_from_pypi(since: str) -> dict[str, dict]:
 
 def declared_metadata(name: str, since: str) -> dict[str, list[str]]:
     """{release: its Requires-Dist and Requires-Python lines} for the final releases of `name` since `since`."""
-    from packaging.version import InvalidVersion, Version
-
     project = pypi_project(name)
     out = {}
     for raw, files in project.get("releases", {}).items():
@@ -121,8 +108,8 @@ def declared_metadata(name: str, since: str) -> dict[str, list[str]]:
         if version.is_prerelease or version < Version(since) or not wheels:
             continue
         try:
-            text = _get(urllib.parse.urljoin(PYPI.format(name=name), wheels[0]["url"]) + ".metadata").decode()
-        except (urllib.error.URLError, TimeoutError, OSError):
+            text = _get(urljoin(PYPI.format(name=name), wheels[0]["url"]) + ".metadata").decode()
+        except OSError:  # web.Failed is an OSError
             continue  # releases uploaded before PEP 658 have no separate metadata file
         out[raw] = [ln.split(":", 1)[1].strip() for ln in text.splitlines()
                     if ln.startswith(("Requires-Dist:", "Requires-Python:"))]
@@ -142,12 +129,6 @@ def _flash_versions() -> list[str]:
     return sorted(found, key=Version)
 
 
-def _git_show(repo: str, version: str, path: str) -> str | None:
-    run = subprocess.run(["git", "-C", repo, "show", f"v{version}:{path}"], capture_output=True, text=True,
-                         check=False)
-    return run.stdout if run.returncode == 0 else None
-
-
 def flash_attn_releases(clone: str | None) -> tuple[dict[str, dict | None], list[str]]:
     """{version: wheel matrix or None when its release files could not be read}, notes for the user."""
     notes, out = [], {}
@@ -157,13 +138,13 @@ def flash_attn_releases(clone: str | None) -> tuple[dict[str, dict | None], list
         texts = []
         for path in FLASH_FILES:
             if clone:
-                texts.append(_git_show(clone, version, path))
+                texts.append(git.show(clone, f"v{version}", path))
             elif github:
                 try:
                     texts.append(_get(RAW.format(version=version, path=path)).decode())
-                except (urllib.error.URLError, TimeoutError, OSError) as exc:
+                except OSError as exc:
                     github = False
-                    notes.append(f"GitHub not reachable ({getattr(exc, 'reason', exc)}): flash-attn wheel lists "
+                    notes.append(f"GitHub not reachable ({exc}): flash-attn wheel lists "
                                  "not refreshed; pass --flash-attn-git DIR (a clone) to read them")
                     texts.append(None)
             else:

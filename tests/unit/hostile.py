@@ -7,12 +7,9 @@ flag and field, print no traceback and no secret, and leave every file of the pr
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import run_cli
 
 SECRET = "hunter2-S3cr3t"  # planted in hostile inputs; must never appear in any output
 # Written by a render even when it refuses (the flock file beside dockerfiles/): not a project artifact.
@@ -59,18 +56,3 @@ def assert_refused(project: Path, capsys, argv, code: int, *needles: str, secret
     return err
 
 
-def run_builder(project: Path, *argv: str, prelude: str = "", timeout: float = 60, **popen) -> subprocess.Popen:
-    """The builder as a real subprocess in `project` (for signals and concurrency); `prelude` runs first
-    inside it (to install a seam that pauses at a chosen point)."""
-    code = (f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n{prelude}\n"
-            f"from builder import cli\nsys.exit(cli.main({list(argv)!r}))\n")
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    popen.setdefault("preexec_fn", _default_sigint)
-    return subprocess.Popen([sys.executable, "-c", code], cwd=project, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **popen)
-
-
-def _default_sigint() -> None:
-    """SIGINT as in a terminal, even when the suite runs from a background shell (`&` makes SIGINT ignored, and
-    children inherit it): the signal tests Ctrl-C this child."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)

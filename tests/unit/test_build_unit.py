@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 
-from builder.boundary import buildkit
+from builder import log
+from builder.boundary import buildkit, engine
 from builder.model import context
 from builder.model.inputs import Inputs
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_cli
+
+REAL_SDK = engine.sdk  # taken before the autouse guard replaces it for every test
 
 SAMPLES = {
     "write /opt/venv/x: no space left on device": "the disk is full",
@@ -40,20 +41,6 @@ def test_unknown_failure_shows_the_tail():
     assert "something odd happened" in message
 
 
-def test_no_engine_is_exit_3_with_how_to_start(tmp_path):
-    env = dict(os.environ, DOCKER_HOST=f"unix://{tmp_path}/nothing.sock")
-    proc = subprocess.run([sys.executable, "-m", "builder", "build", "cu130-torch2.13-bookworm"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 3, proc.stderr
-    assert "no Docker engine answers" in proc.stderr and "dockerd" in proc.stderr
-    assert "Traceback" not in proc.stderr
-
-
-def test_build_without_tags_is_a_user_error():
-    proc = subprocess.run([sys.executable, "-m", "builder", "build"], cwd=ROOT, capture_output=True, text=True)
-    assert proc.returncode == 2 and "pass --all" in proc.stderr
-
-
 def _spec(tmp_path, **changes) -> buildkit.BuildSpec:
     from builder.model import matrix
 
@@ -79,7 +66,7 @@ def test_secrets_go_to_files_never_argv(monkeypatch, tmp_path):
     text = " ".join(argv)
     assert "s3cr3t" not in text and "--build-arg PIP_INDEX_URL" not in text
     assert f"id=pip_cert,src={bundle}" in text and "id=pip_index_url,src=" in text
-    assert buildkit.masked(argv + [token], values).count("****") == 1
+    assert log.command_line(argv + [token], values).count("****") == 1
 
 
 def test_missing_ca_bundle_is_a_user_error(monkeypatch):
@@ -117,6 +104,7 @@ def test_input_hash_changes_with_every_build_flag(tmp_path, change):
 def test_a_new_commit_of_the_same_inputs_rebuilds_nothing(tmp_path, monkeypatch):
     """The commit date is a label, not a build argument: the layers (torch, the ops stage) survive commits."""
     monkeypatch.setattr(buildkit.engine, "client", lambda: buildkit.engine.Client("/usr/bin/docker", "legacy"))
+    monkeypatch.setattr(buildkit.git, "revision", lambda paths: "a94488e")
     (tmp_path / "Dockerfile").write_text("FROM scratch\n")
     newer = _spec(tmp_path, epoch=1700000001)
     assert buildkit.input_hash(newer) == buildkit.input_hash(_spec(tmp_path))
@@ -136,3 +124,24 @@ def test_input_hash_changes_with_the_builder_version(tmp_path, monkeypatch):
     before = buildkit.input_hash(_spec(tmp_path))
     monkeypatch.setattr(builder, "__version__", builder.__version__ + ".1")
     assert buildkit.input_hash(_spec(tmp_path)) != before
+
+
+def test_no_engine_is_exit_3_with_how_to_start(project, monkeypatch, capsys):
+    """The SDK finds no engine at DOCKER_HOST (here: its own error, as docker raises it without a socket)."""
+    import docker
+
+    def from_env(**_kwargs):
+        raise docker.errors.DockerException("Error while fetching server API version: ('Connection aborted.', "
+                                            "FileNotFoundError(2, 'No such file or directory'))")
+
+    monkeypatch.setenv("DOCKER_HOST", "unix:///tmp/nothing.sock")
+    monkeypatch.setattr(docker, "from_env", from_env)
+    monkeypatch.setattr(engine, "sdk", REAL_SDK)
+    assert run_cli("build", "cu130-torch2.13-bookworm") == 3
+    err = capsys.readouterr().err
+    assert "no Docker engine answers at unix:///tmp/nothing.sock" in err and "dockerd" in err
+    assert "Traceback" not in err
+
+
+def test_build_without_tags_is_a_user_error(project, capsys):
+    assert run_cli("build") == 2 and "pass --all" in capsys.readouterr().err

@@ -3,17 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
-from tests.conftest import ROOT, run_cli
+import pytest
 
-
-def test_help_lists_the_verbs():
-    out = subprocess.run([sys.executable, "-m", "builder", "--help"], capture_output=True, text=True, cwd=ROOT)
-    assert out.returncode == 0
-    for verb in ("validate", "list", "matrix", "resolve", "lock", "render", "build", "smoke"):
-        assert verb in out.stdout
+from tests.conftest import run_cli
 
 
 def test_list_table(project, capsys):
@@ -49,12 +42,23 @@ def test_missing_matrix_file(project, capsys):
     assert "nope.yaml: cannot read" in capsys.readouterr().err
 
 
-def test_subprocess_exit_code_and_no_traceback(project):
+
+
+def test_help_lists_the_verbs(capsys):
+    """In-process; `python -m builder --help` as a real process: tests/integration/test_real_processes.py."""
+    with pytest.raises(SystemExit) as done:
+        run_cli("--help")
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    for verb in ("validate", "list", "matrix", "resolve", "lock", "render", "build", "smoke"):
+        assert verb in out
+
+
+def test_broken_matrix_is_exit_2_in_one_line(project, capsys):
     (project / "matrix.yaml").write_text("entries: [1\n")
-    proc = subprocess.run([sys.executable, "-m", "builder", "validate"], capture_output=True, text=True, cwd=project,
-                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
-    assert proc.returncode == 2
-    assert proc.stderr.startswith("error: matrix.yaml:") and "Traceback" not in proc.stderr
+    assert run_cli("validate") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: matrix.yaml:") and "Traceback" not in err
 
 
 def test_tags_and_all_together_is_a_user_error(project, capsys):
@@ -69,8 +73,15 @@ def test_a_step_on_images_asks_which_one(project, capsys):
     assert "which image?" in err and "hint: e.g. " in err
 
 
-def test_changed_against_an_unreadable_registry_plans_the_rebuild(project, capsys):
-    """Nothing answers on port 1: unknown counts as changed, so the entry stays in the CI matrix."""
+def test_changed_against_an_unreadable_registry_plans_the_rebuild(project, capsys, monkeypatch):
+    """A registry that does not answer: unknown counts as changed, so the entry stays in the CI matrix."""
+    from builder.boundary import registry
+    from builder.errors import EnvironmentProblem
+
+    def unreachable(repo, tag):
+        raise EnvironmentProblem("connection refused")
+
+    monkeypatch.setattr(registry, "config_labels", unreachable)
     assert run_cli("matrix", "cu121-torch2.3", "--changed-against", "127.0.0.1:1") == 0
     out, err = capsys.readouterr()
     assert [r["tag"] for r in json.loads(out)["include"]] == ["cu121-torch2.3"]

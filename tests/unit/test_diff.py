@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-
 import pytest
 
 from builder.steps import diff
@@ -20,10 +17,7 @@ DEB_PAIRS = [
 @pytest.mark.parametrize("a,b,expected", DEB_PAIRS)
 def test_debian_version_order(a, b, expected):
     got = diff.compare_deb(a, b)
-    assert (got > 0) - (got < 0) == expected
-    if shutil.which("dpkg"):  # the reference implementation, where the machine has it
-        op = {-1: "lt", 0: "eq", 1: "gt"}[expected]
-        assert subprocess.run(["dpkg", "--compare-versions", a, op, b]).returncode == 0
+    assert (got > 0) - (got < 0) == expected  # dpkg agrees: tests/integration/test_real_processes.py
 
 
 def test_python_version_order():

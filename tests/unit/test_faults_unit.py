@@ -5,14 +5,13 @@ half-written is left. The real faults, against a private engine: tests/integrati
 from __future__ import annotations
 
 import errno
+import io
 import json
-import subprocess
-import sys
 
 import pytest
 
 from builder import fsutil, reports, runner
-from builder.boundary import buildkit, engine, imagesave
+from builder.boundary import buildkit, engine, imagesave, process
 from builder.errors import EnvironmentProblem, UserError
 from builder.model import matrix
 from builder.steps import Done
@@ -146,22 +145,40 @@ def test_other_os_errors_are_not_hidden(entries):
 
 # --- docker save (manifest's export) ---------------------------------------------------------------------
 
-def _fake_docker_save(monkeypatch, script: str, stdout: bytes = b""):
-    """`docker save` replaced by a process that writes `stdout`, then runs `script` (its stderr, its exit)."""
-    def save(_ident):
-        code = f"import sys; sys.stdout.buffer.write({stdout!r}); sys.stdout.flush(); {script}"
-        return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+class _Saved:
+    """What the one runner (process.pipe) hands over for `docker save`: its stdout, then its exit and stderr."""
 
-    monkeypatch.setattr(imagesave, "_save_stream", save)
+    def __init__(self, stdout: bytes, code: int, stderr: str):
+        self.stdout, self.code, self.stderr = io.BytesIO(stdout), code, stderr
+
+    def finish(self) -> tuple[int, str]:
+        return self.code, self.stderr
+
+    def stop(self) -> None:
+        pass
+
+
+def _fake_docker_save(monkeypatch, code: int, stderr: str = "", stdout: bytes = b""):
+    """`docker save` replaced at the process boundary: it writes `stdout`, then `stderr`, and exits with `code`."""
+    asked = []
+
+    def pipe(argv, **_kwargs):
+        asked.append(list(argv))
+        return _Saved(stdout, code, stderr)
+
+    monkeypatch.setattr(engine, "client", lambda: engine.Client("/usr/bin/docker", "buildx"))
+    monkeypatch.setattr(process, "pipe", pipe)
     monkeypatch.setattr(imagesave, "image_id", lambda image: "sha256:" + "2" * 64)
+    return asked
 
 
 def test_docker_save_on_a_full_disk_is_exit_3_not_a_bad_archive(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    _fake_docker_save(monkeypatch, "sys.stderr.write('Error response from daemon: mkdir /var/lib/docker/tmp/"
-                                   "docker-export-1: no space left on device\\n'); sys.exit(1)")
+    asked = _fake_docker_save(monkeypatch, 1, "Error response from daemon: mkdir /var/lib/docker/tmp/"
+                                              "docker-export-1: no space left on device\n")
     with pytest.raises(EnvironmentProblem) as caught:
         imagesave.manifest("example/img:1")
+    assert asked == [["/usr/bin/docker", "save", "sha256:" + "2" * 64]], "the image ID is saved, not the name"
     assert caught.value.message.startswith("`docker save example/img:1` failed: the disk is full (")
     assert "DockerRootDir" in caught.value.hint
     assert not (tmp_path / "build").exists(), "nothing cached from a failed export"
@@ -170,21 +187,30 @@ def test_docker_save_on_a_full_disk_is_exit_3_not_a_bad_archive(monkeypatch, tmp
 def test_docker_save_cut_off_by_the_engine_going_away(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     half = fake_save([LOWER])[:3000]
-    _fake_docker_save(monkeypatch, "sys.stderr.write('unexpected EOF\\n'); sys.exit(1)", half)
+    _fake_docker_save(monkeypatch, 1, "unexpected EOF\n", half)
     with pytest.raises(EnvironmentProblem, match="stopped answering"):
         imagesave.manifest("example/img:1")
 
 
+def test_a_failed_save_that_names_no_known_cause_is_exit_3_with_its_last_line(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    _fake_docker_save(monkeypatch, 1, "some progress\nError response from daemon: reference does not exist\n")
+    with pytest.raises(EnvironmentProblem) as caught:
+        imagesave.manifest("example/img:1")
+    assert caught.value.message == ("`docker save example/img:1` failed: Error response from daemon: reference "
+                                    "does not exist")
+
+
 def test_a_bad_archive_from_a_save_that_succeeded_stays_a_user_error(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    _fake_docker_save(monkeypatch, "sys.exit(0)", b"x" * 1024 + b"\0" * 1024)
+    _fake_docker_save(monkeypatch, 0, "", b"x" * 1024 + b"\0" * 1024)
     with pytest.raises(UserError):
         imagesave.manifest("example/img:1")
 
 
 def test_a_full_disk_for_the_manifest_cache_only_warns(monkeypatch, tmp_path, capsys):
     monkeypatch.chdir(tmp_path)
-    _fake_docker_save(monkeypatch, "sys.exit(0)", fake_save([LOWER]))
+    _fake_docker_save(monkeypatch, 0, "", fake_save([LOWER]))
     monkeypatch.setattr(fsutil, "write_atomic", _no_space)
     result = imagesave.manifest("example/img:1")
     assert result["files"]["bin/tool"]["type"] == "file"

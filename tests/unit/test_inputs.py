@@ -25,6 +25,7 @@ def repo(tmp_path, monkeypatch):
     shutil.copy(ROOT / "matrix.yaml", tmp_path / "matrix.yaml")
     monkeypatch.chdir(tmp_path)
     # The base is described by the engine (its local image ID); here a fixed one stands in.
+    monkeypatch.setattr(buildkit, "source_date_epoch", lambda entry: buildkit.ZIP_EPOCH)  # git: labels only
     monkeypatch.setattr(baseimage, "describe",
                         lambda entry, ref: {"ref": ref, "substituted": True, "image_id": "sha256:" + "1" * 64})
     return tmp_path

@@ -67,6 +67,46 @@ def test_boundary_does_not_know_the_steps(path):
     assert not bad, f"{rel(path)} (the Docker/registry boundary) imports {sorted(bad)}"
 
 
+# Only builder/boundary/ starts processes or talks over the network, through its one runner (process.py) and
+# its clients (web, registry, engine): masking, time limits and the unit-test guard each live in one place.
+# urllib.parse is text only (quote, urljoin) and stays allowed. builder/data/ holds scripts run inside images.
+BOUNDARY_ONLY = ("subprocess", "socket", "requests", "docker", "multiprocessing", "pty", "urllib.request",
+                 "urllib.error", "http.client", "http.server", "asyncio.subprocess")
+OS_PROCESS_CALLS = ("system", "popen", "fork", "forkpty", "exec", "spawn", "posix_spawn")
+OUTSIDE_BOUNDARY = [p for p in modules("builder") if not rel(p).startswith(("builder/boundary/", "builder/data/"))]
+
+
+@pytest.mark.parametrize("path", OUTSIDE_BOUNDARY, ids=rel)
+def test_only_the_boundary_imports_process_and_network_modules(path):
+    bad = {i for i in imports_of(path) if i in ("urllib", "http") or any(
+        i == name or i.startswith(name + ".") for name in BOUNDARY_ONLY)}
+    assert not bad, f"{rel(path)} imports {sorted(bad)}: run commands through builder.boundary.process and HTTP " \
+                    "through builder.boundary.web (or another boundary module)"
+
+
+@pytest.mark.parametrize("path", OUTSIDE_BOUNDARY, ids=rel)
+def test_only_the_boundary_starts_programs_through_os(path):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    calls = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+             and isinstance(node.value, ast.Name) and node.value.id == "os" and node.attr.startswith(OS_PROCESS_CALLS)}
+    assert not calls, f"{rel(path)} starts programs with os.{sorted(calls)}: use builder.boundary.process.run"
+
+
+def test_the_boundary_check_sees_every_spelling_of_an_import(tmp_path):
+    """The checks above would pass vacuously if `imports_of` missed a spelling: each of these must be caught."""
+    sample = tmp_path / "sample.py"
+    sample.write_text("import subprocess as sp\nfrom urllib import request\nimport http.client\n"
+                      "def f():\n    import requests\n    from docker import errors\n")
+    found = imports_of(sample)
+    assert {"subprocess", "urllib.request", "http.client", "requests", "docker"} <= found
+
+
+def test_only_one_place_in_builder_starts_a_process():
+    """Inside the boundary too: one Popen (process.py), every other module goes through it."""
+    starters = [rel(p) for p in modules("builder") if "Popen(" in p.read_text() or "subprocess.run(" in p.read_text()]
+    assert starters == ["builder/boundary/process.py"]
+
+
 @pytest.mark.parametrize("path", modules("builder/steps"), ids=rel)
 def test_steps_do_not_reach_into_each_other(path):
     me = path.stem

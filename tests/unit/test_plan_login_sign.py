@@ -3,24 +3,35 @@ the registry-reading paths run against a real registry in tests/workflow and tes
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import stat
-import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
+from builder import cli
 from builder.boundary import cosign
 from builder.errors import UserError
 from builder.model import plan as plan_model
 from builder.steps import plan, verify
-from tests.conftest import ROOT
 
 
-def run_cli(*argv: str, input: str = "", env: dict | None = None, cwd=ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "builder", *argv], input=input, env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=60)
+@pytest.fixture
+def run_cli(capsys, monkeypatch):
+    """`python -m builder ARGV` in this process (unit tests start no process): stdin, environment, exit code."""
+
+    def run(*argv: str, input: str = "", env: dict | None = None) -> SimpleNamespace:
+        monkeypatch.setattr(sys, "stdin", io.StringIO(input))
+        for name, value in (env or {}).items():
+            monkeypatch.setenv(name, value)
+        code = cli.main(list(argv))
+        out, err = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+
+    return run
 
 
 def test_pull_request_and_schedule_plan_every_entry_without_reading_a_registry(project):
@@ -33,7 +44,7 @@ def test_pull_request_and_schedule_plan_every_entry_without_reading_a_registry(p
         assert [e.tag for e in got] == [e.tag for e in m.entries]
 
 
-def test_plan_writes_github_outputs_split_by_runner(project, tmp_path):
+def test_plan_writes_github_outputs_split_by_runner(project, tmp_path, run_cli):
     out = tmp_path / "out"
     proc = run_cli("--matrix", str(project / "matrix.yaml"), "plan", "--event", "pull_request", "--github-output",
                    str(out))
@@ -50,7 +61,7 @@ def test_default_registry_is_the_variable_else_the_owners_ghcr(monkeypatch):
         plan_model.default_registry({})
 
 
-def test_login_writes_a_private_docker_config_and_keeps_other_entries(tmp_path):
+def test_login_writes_a_private_docker_config_and_keeps_other_entries(tmp_path, run_cli):
     config = tmp_path / "docker"
     config.mkdir()
     (config / "config.json").write_text(json.dumps({"auths": {"other.example": {"auth": "eDp5"}}}))
@@ -65,7 +76,7 @@ def test_login_writes_a_private_docker_config_and_keeps_other_entries(tmp_path):
     assert (tmp_path / "out").read_text() == "registry=reg.example:5000/acme\n"
 
 
-def test_login_refuses_an_empty_password(tmp_path):
+def test_login_refuses_an_empty_password(tmp_path, run_cli):
     proc = run_cli("login", "--registry", "reg.example", "--username", "ci", "--password-stdin", input="",
                    env=dict(os.environ, DOCKER_CONFIG=str(tmp_path)))
     assert proc.returncode == 2 and "nothing on stdin" in proc.stderr

@@ -49,8 +49,6 @@ def test_committed_locks_have_hashes_and_match_pins():
 
 
 def test_a_relock_prefers_the_versions_locked_now_unless_upgrade(tmp_path, monkeypatch):
-    from builder.steps import resolve
-
     seen = []
 
     def fake_compile(entry, hashes, lines=None, prefer=None):
@@ -58,7 +56,6 @@ def test_a_relock_prefers_the_versions_locked_now_unless_upgrade(tmp_path, monke
         return SAMPLE + "deepspeed==0.19.8 \\\n    --hash=sha256:ff\n    # via -r -\n"
 
     monkeypatch.setattr(lock, "compile_requirements", fake_compile)
-    monkeypatch.setattr(resolve, "compile_requirements", fake_compile)
     monkeypatch.setattr(lock.compat, "nvcc_source", lambda e: None)
     (tmp_path / lock.TORCH_LOCK).write_text("torch==2.13.0 \\\n    --hash=sha256:bb\nfilelock==3.0 \\\n")
     entry = real_entry("cu130-torch2.13-bookworm")

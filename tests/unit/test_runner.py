@@ -3,18 +3,12 @@ the exit code is the most actionable failure kind, and one process works on a ta
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-
 import pytest
 
 from builder import runner
 from builder.errors import EnvironmentProblem, StepFailed, UserError
 from builder.model import matrix
 from builder.steps import Done
-from tests.conftest import ROOT, run_cli
 
 
 @pytest.fixture
@@ -62,20 +56,3 @@ def test_exit_code_is_the_most_actionable_failure(entries, errors, code):
     assert runner.exit_code(runner.run("smoke", entries[:len(errors)], step)) == code
 
 
-def test_one_process_per_tag(project, capsys):
-    """A second run on a tag that another process is working on stops with exit 3 and names the holder;
-    when the holder dies, even by kill -9, the tag is free again."""
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import time\nfrom builder import fsutil\n"
-         "with fsutil.tag_lock('cu130-torch2.13-bookworm', 'build'):\n    print('held', flush=True)\n"
-         "    time.sleep(60)\n"], cwd=project, stdout=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)})
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        assert run_cli("lock", "--check", "cu130-torch2.13-bookworm") == 3
-        err = capsys.readouterr().err
-        assert f"`build` (pid {holder.pid}) is working on this tag right now" in err
-    finally:
-        holder.send_signal(signal.SIGKILL)
-        holder.wait()
-    assert run_cli("lock", "--check", "cu130-torch2.13-bookworm") != 3

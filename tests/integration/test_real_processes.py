@@ -1,0 +1,149 @@
+"""Tests that need a real child process (moved from tests/unit/, whose tests may not start one): the
+`python -m builder` entry point itself, scripts that run inside images (smoke/installed.py, compile-new.py), a
+second process holding a tag, a fresh interpreter's imports, and the reference tools (hadolint, dpkg).
+Cheap: no Docker engine and no network; they run with the rest of tests/integration/ in `make test`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from builder import reports
+from tests.conftest import ROOT, hadolint, run_cli
+from tests.unit.test_diff import DEB_PAIRS
+
+# --- the entry point -----------------------------------------------------------------------------------
+
+
+def test_help_lists_the_verbs():
+    out = subprocess.run([sys.executable, "-m", "builder", "--help"], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0
+    for verb in ("validate", "list", "matrix", "resolve", "lock", "render", "build", "smoke"):
+        assert verb in out.stdout
+
+
+def test_subprocess_exit_code_and_no_traceback(project):
+    (project / "matrix.yaml").write_text("entries: [1\n")
+    proc = subprocess.run([sys.executable, "-m", "builder", "validate"], capture_output=True, text=True, cwd=project,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: matrix.yaml:") and "Traceback" not in proc.stderr
+
+
+def test_no_engine_is_exit_3_with_how_to_start(tmp_path):
+    env = dict(os.environ, DOCKER_HOST=f"unix://{tmp_path}/nothing.sock")
+    proc = subprocess.run([sys.executable, "-m", "builder", "build", "cu130-torch2.13-bookworm"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    assert "no Docker engine answers" in proc.stderr and "dockerd" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_build_without_tags_is_a_user_error():
+    proc = subprocess.run([sys.executable, "-m", "builder", "build"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2 and "pass --all" in proc.stderr
+
+
+def test_real_repository_check_from_a_subprocess():
+    """What `make lint` and CI run, on the checkout itself."""
+    proc = subprocess.run([sys.executable, "-m", "builder", "lock", "--check"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+# --- a second process, a fresh interpreter, scripts that run inside images ---------------------------
+
+
+def test_one_process_per_tag(project, capsys):
+    """A second run on a tag that another process is working on stops with exit 3 and names the holder;
+    when the holder dies, even by kill -9, the tag is free again."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import time\nfrom builder import fsutil\n"
+         "with fsutil.tag_lock('cu130-torch2.13-bookworm', 'build'):\n    print('held', flush=True)\n"
+         "    time.sleep(60)\n"], cwd=project, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert run_cli("lock", "--check", "cu130-torch2.13-bookworm") == 3
+        err = capsys.readouterr().err
+        assert f"`build` (pid {holder.pid}) is working on this tag right now" in err
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert run_cli("lock", "--check", "cu130-torch2.13-bookworm") != 3
+
+
+def test_smoke_modules_do_not_import_torch():
+    # The gate must import (and report) even when torch itself is broken: torch, deepspeed
+    # and transformers are imported inside functions only.
+    code = ("import sys, smoke.cli, smoke.env, smoke.train, smoke.nccl, smoke.launch\n"
+            "bad = [m for m in ('torch', 'deepspeed', 'transformers', 'peft') if m in sys.modules]\n"
+            "assert not bad, bad\n")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+def test_the_inventory_script_output_matches_the_schema():
+    """smoke/installed.py is what `build` runs in every image; run it here for real (no torch here: the
+    schema must still hold, with torch_error saying why)."""
+    proc = subprocess.run([sys.executable, str(ROOT / "smoke/installed.py")], capture_output=True, text=True,
+                          timeout=120)
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("INSTALLED-JSON "))
+    data = json.loads(line.removeprefix("INSTALLED-JSON "))
+    assert reports.problems("installed", data, smoke=True) == []
+
+
+def test_compile_new_compiles_the_recorded_files_of_new_and_upgraded_packages(tmp_path):
+    """An upgraded package keeps its directory (setuptools over the venv's own): its files must be compiled too,
+    hash-checked, replacing a timestamped .pyc an import wrote meanwhile; packages that did not change are left."""
+    import importlib.util
+    import struct
+
+    site = tmp_path / "site"
+    for dist, module in (("old-1.0", "old"), ("up-1.0", "up")):
+        (site / module).mkdir(parents=True)
+        (site / module / "__init__.py").write_text("X = 1\n")
+        (site / f"{dist}.dist-info").mkdir()
+        (site / f"{dist}.dist-info" / "RECORD").write_text(f"{module}/__init__.py,,\n")
+    (tmp_path / "before").write_text("\n".join(sorted(p.name for p in site.iterdir())) + "\n")
+    (site / "up-1.0.dist-info").rename(site / "up-2.0.dist-info")  # the step upgraded `up`
+    (site / "up" / "__init__.py").write_text("X = 2\n")
+    stale = site / "up" / "__pycache__" / f"__init__.{sys.implementation.cache_tag}.pyc"
+    stale.parent.mkdir()
+    stale.write_bytes(importlib.util.MAGIC_NUMBER + b"\0" * 12)  # timestamp-based, as an import writes it
+    script = ROOT / "builder" / "data" / "compile-new.py"
+    subprocess.run([sys.executable, "-S", str(script), str(site), str(tmp_path / "before")], check=True)
+    assert struct.unpack("<I", stale.read_bytes()[4:8])[0] == 3, "checked-hash .pyc, forced over the stale one"
+    assert not (site / "old" / "__pycache__").exists(), "an unchanged package is not touched"
+
+
+# --- reference tools ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dockerfile", sorted((ROOT / "dockerfiles").glob("*/Dockerfile")), ids=lambda p: p.parent.name)
+def test_hadolint_passes(dockerfile):
+    # Ignored, each with its reason in the template: DL3008 (apt versions come from apt.lock, which
+    # hadolint cannot see) and SC2046 (word splitting of that package list is intended).
+    proc = subprocess.run([hadolint(), "--failure-threshold", "warning", str(dockerfile)], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_hadolint_actually_catches_problems(tmp_path):
+    bad = tmp_path / "Dockerfile"
+    shutil.copy(ROOT / "dockerfiles/cu130-torch2.13-bookworm/Dockerfile", bad)
+    bad.write_text(bad.read_text() + "RUN apt-get install curl\n")
+    proc = subprocess.run([hadolint(), "--failure-threshold", "warning", str(bad)], capture_output=True, text=True)
+    assert proc.returncode != 0 and "DL3015" in proc.stdout
+
+
+@pytest.mark.skipif(not shutil.which("dpkg"), reason="dpkg (the reference implementation) is not installed")
+@pytest.mark.parametrize("a,b,expected", DEB_PAIRS)
+def test_debian_version_order_agrees_with_dpkg(a, b, expected):
+    op = {-1: "lt", 0: "eq", 1: "gt"}[expected]
+    assert subprocess.run(["dpkg", "--compare-versions", a, op, b]).returncode == 0
