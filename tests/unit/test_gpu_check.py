@@ -7,6 +7,7 @@ about 7 minutes on the 2-core CI machine, too long for CI); these pin what the G
 import importlib.machinery
 import importlib.util
 import json
+import time
 
 import pytest
 
@@ -178,3 +179,24 @@ def test_summary_table_lists_phases_then_smokes_checks():
     smoke = {"checks": [{"name": "train", "passed": False, "seconds": 30.0, "summary": "loss nan"}]}
     text = gc.table(gc.summary_rows(phases, smoke))
     assert "build" in text and "\u2713" in text and "smoke train" in text and "\u2715" in text
+
+
+def test_a_phase_past_its_timeout_is_killed_with_what_it_started_in_other_sessions(tmp_path):
+    # smoke starts each check and rank with start_new_session: killing the process group would miss them.
+    logfile = tmp_path / "phase.log"
+    with pytest.raises(gc.Failed) as exc:
+        gc.run(["sh", "-c", "setsid sleep 60 & echo $!; wait"], lambda _line: None, str(logfile), timeout=1.5)
+    assert "killed after 2s" in str(exc.value)
+    orphan = int(logfile.read_text().split()[0])
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _alive(orphan):
+        time.sleep(0.1)
+    assert not _alive(orphan)
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is dead, waiting for its reaper
+    except OSError:
+        return False
