@@ -78,6 +78,13 @@ def test_arch_list_is_each_present_capability_once():
     assert gc.arch_list([(9, 0), (9, 0), (8, 0)]) == "8.0;9.0"
 
 
+def test_carried_size_leaves_out_the_rehearsals_nvcc(tmp_path):
+    (tmp_path / "deepspeed-0.19.8.tar.gz").write_bytes(b"x" * 1000)
+    (tmp_path / "nvcc").mkdir()
+    (tmp_path / "nvcc" / "nvidia_cuda_nvcc.whl").write_bytes(b"x" * 5000)
+    assert gc.carried_bytes(tmp_path) == 1000
+
+
 def test_size_problem_names_the_device_limit():
     assert gc.size_problem(5 * 2 ** 20) is None
     msg = gc.size_problem(50 * 2 ** 20)
