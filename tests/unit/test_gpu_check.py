@@ -207,3 +207,16 @@ def _alive(pid):
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is dead, waiting for its reaper
     except OSError:
         return False
+
+
+def test_a_cut_smoke_run_still_reports_the_checks_that_finished(tmp_path):
+    (tmp_path / "env.json").write_text(json.dumps({"name": "env", "passed": True, "seconds": 2.0, "summary": "ok"}))
+    (tmp_path / "ops.json").write_text(json.dumps({"name": "ops", "passed": False, "seconds": 7.0, "summary": "x"}))
+    got = gc.partial_smoke(str(tmp_path))
+    assert got["passed"] is False and [c["name"] for c in got["checks"]] == ["env", "ops"]
+    assert got["not_run"] == ["compile", "train", "nccl"]
+
+
+def test_the_script_knows_smokes_checks():
+    from smoke import CHECKS
+    assert gc.SMOKE_CHECKS == CHECKS
