@@ -9,10 +9,11 @@ CI_BASES = $(shell $(PY) -c 'from builder.model import matrix; m = matrix.load()
 TAG ?=
 BUILD_FLAGS ?= --local-base
 SMOKE_FLAGS ?=
+GPU_CHECK_FLAGS ?=
 PYTEST_FLAGS ?=
 
 .PHONY: help venv docker validate render lock lint unit test build build-all smoke image publish catalog verify repro \
-	free-disk workflow
+	free-disk workflow gpu-check
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "} {printf "  %-12s %s\n", $$1, $$2}'
@@ -85,3 +86,6 @@ verify: venv ## re-verify a pulled IMAGE on this host
 
 repro: venv ## rebuild TAG from scratch beside the existing image and compare contents
 	$(PY) -m builder repro $(or $(TAG),$(DEFAULT_TAG)) $(BUILD_FLAGS)
+
+gpu-check: ## on a GPU machine (no venv, no network): build DeepSpeed's ops there, run smoke all (OUT=dir)
+	scripts/gpu-check $(if $(OUT),--out $(OUT)) $(GPU_CHECK_FLAGS)
