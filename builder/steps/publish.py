@@ -311,6 +311,7 @@ def _local_digests(image, repo) -> set[str]:
 
 def publish_one(entry, args: Options, config: Path | None) -> dict:
     image, smoke, exceptions = gate(entry, args)
+    locks = image_locks(entry, image)  # before anything is pushed: the provenance must be true of this checkout
     labels = image.labels or {}
     repo = registry.repository(args.registry, entry.image)
     date = args.date or datetime.now(timezone.utc).strftime("%Y%m%d")
@@ -334,7 +335,7 @@ def publish_one(entry, args: Options, config: Path | None) -> dict:
         raise StepFailed(f"{repo.ref}:{full}: the registry serves {served}, the push reported {pushed}, the local "
                          f"image records {sorted(local) or 'none'}",
                          "the alias was not moved; investigate the registry")
-    attached = attest(entry, repo, served, image, smoke, config, args.retries)
+    attached = attest(entry, repo, served, image, smoke, locks, config, args.retries)
     _after_full_push(repo, served)
     tag_image(config, image.id, f"{repo.ref}:{entry.tag}")
     alias_pushed = retrying(f"push {repo.ref}:{entry.tag}", lambda: push(config, f"{repo.ref}:{entry.tag}", repo.host),
@@ -351,7 +352,7 @@ def publish_one(entry, args: Options, config: Path | None) -> dict:
     return report
 
 
-def attest(entry, repo, digest: str, image, smoke: dict, config, tries: int) -> dict:
+def attest(entry, repo, digest: str, image, smoke: dict, locks: dict, config, tries: int) -> dict:
     """SBOM and provenance for the pushed digest, stored beside it as OCI referrers (before the alias moves,
     so the alias never names an image without them); copies in build/attest/<tag>/ for signing in CI."""
     now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -360,12 +361,12 @@ def attest(entry, repo, digest: str, image, smoke: dict, config, tries: int) -> 
     if build.get("image_id") != image.id:
         build = {}  # the build report is of another image: claim nothing from it
     facts = inspect.read_facts(image)  # what the image says it is, not what the checkout says now
-    locks = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(paths.tag_dir(entry).glob("*.lock"))}
+    os_release = attestations.parse_os_release(inspect.read_os_release(image))
     labels = image.labels or {}
     source = {"uri": labels.get("org.opencontainers.image.source", ""),
               "revision": labels.get("org.opencontainers.image.revision", "unknown")}
     docs = {
-        attestations.SBOM_TYPE: attestations.sbom(entry.tag, repo.ref, digest, inventory, now),
+        attestations.SBOM_TYPE: attestations.sbom(entry.tag, repo.ref, digest, inventory, now, os_release),
         attestations.PROVENANCE_TYPE: attestations.provenance(
             repository=repo.ref, digest=digest, entry=facts, locks=locks, source=source, build=build, gate=smoke,
             builder_id=builder_identity(), started=smoke.get("finished_at"), finished=now),
@@ -382,6 +383,20 @@ def attest(entry, repo, digest: str, image, smoke: dict, config, tries: int) -> 
                                                        config), tries)
     log.info(f"  attached {', '.join(stored)} to {repo.ref}@{digest}")
     return stored
+
+
+def image_locks(entry, image) -> dict[str, str]:
+    """{name: sha256} of the locks inside the image (what the provenance attests), each checked against the
+    checkout's locks/<tag>/: an image built from other locks than the checkout's is not published under it."""
+    inside = {name: hashlib.sha256(data).hexdigest() for name, data in inspect.read_locks(image).items()}
+    folder = paths.lock_dir(entry)
+    checkout = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.glob("*.lock"))}
+    wrong = attestations.lock_mismatches(inside, checkout, f"{folder}/")
+    if wrong:
+        raise StepFailed(f"{entry.tag}: refusing to attest: the image was not built from this checkout's locks: "
+                         + "; ".join(wrong), f"check out the revision the image was built from, or rebuild: "
+                         f"python -m builder build {entry.tag}")
+    return inside
 
 
 def builder_identity() -> str:
