@@ -136,7 +136,7 @@ def lock_mismatches(image_locks: dict[str, str], checkout_locks: dict[str, str],
 
 
 def provenance(*, repository: str, digest: str, entry: dict, locks: dict[str, str], source: dict, build: dict,
-               gate: dict, builder_id: str, started: str | None, finished: str) -> dict:
+               gate: dict, builder_id: str, started: str | None, finished: str, audit: dict | None = None) -> dict:
     """Who built the image, from what, and which gate it passed (SLSA provenance v1 in an in-toto Statement).
 
     entry: the matrix entry as the image's facts file states it; locks: {file name: sha256} of every lock the
@@ -173,7 +173,10 @@ def provenance(*, repository: str, digest: str, entry: dict, locks: dict[str, st
                                                 "finished_at": gate.get("finished_at"),
                                                 "image_id": gate.get("image_id"),
                                                 "checks": {c["name"]: c.get("passed")
-                                                           for c in gate.get("checks", [])}}}],
+                                                           for c in gate.get("checks", [])}}},
+                               *([{"name": "vulnerability-audit", "mediaType": "application/json",
+                                   "annotations": {k: audit[k] for k in ("audited_on", "passed", "max_severity",
+                                                                         "summary")}}] if audit else [])],
             },
         },
     }
@@ -201,6 +204,10 @@ def summary(sbom_doc: dict | None, statement: dict | None, digest: str) -> list[
                      f"{pred.get('buildDefinition', {}).get('internalParameters', {}).get('builder_version')})")
         lines.append(f"gate: {'passed' if gate.get('passed') else 'NOT passed'} on {where} "
                      f"({gate.get('finished_at')})")
+        audit = next((b.get("annotations", {}) for b in run.get("byproducts", [])
+                      if b.get("name") == "vulnerability-audit"), None)
+        lines.append(audit.get("summary", "audit: ?") if audit else "audit: none recorded (published without "
+                                                                     "--max-severity)")
     if sbom_doc is None:
         lines.append("sbom: none found for this digest")
     else:

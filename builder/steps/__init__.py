@@ -10,7 +10,7 @@ A *per-tag step* (resolve, lock, build, smoke, publish, repro) is a module with:
     run(entry, o) -> Done one entry; raises a BuilderError when the step fails for that entry
 `builder.runner` runs a step over entries with one failure policy and one summary table.
 
-A *tool* (render, catalog, verify, manifest, diff, refresh-compat) works on the matrix or on images as a whole:
+A *tool* (render, catalog, verify, manifest, diff, audit, refresh-compat) works on the matrix or on images as a whole:
     NAME, HELP, Options, add_arguments(p), NEEDS_MATRIX, main(options, matrix) -> int
 
 No step imports the CLI, nor another step except through an edge listed with its reason in
@@ -37,6 +37,7 @@ TOOLS = {
     "verify": "builder.steps.verify",
     "manifest": "builder.steps.manifest",
     "diff": "builder.steps.diff",
+    "audit": "builder.steps.audit",
     "refresh-compat": "builder.steps.refresh",
 }
 

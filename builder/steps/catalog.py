@@ -55,7 +55,7 @@ REPORT_FIELDS: dict[str, dict[str, tuple]] = {
     "publish": {"image_id": (_STR, True, _ID), "registry": (_STR, True, None), "repository": (_STR, False, None),
                 "full_tag": (_STR, False, reference.TAG_RE), "alias": (_STR, True, None),
                 "digest": (_STR, False, _ID), "pull": (_STR, False, None), "published_at": (_STR, True, _DATE),
-                "size_bytes": (_INT, True, None)},
+                "size_bytes": (_INT, True, None), "audit": (_STR, True, None)},
     "repro": {"result": (_STR, True, None), "verdict": (_STR, True, None), "identical": (_BOOL, True, None),
               "finished_at": (_STR, True, _DATE), "date": (_STR, True, _DATE), "differences": (_INT, True, None)},
 }
@@ -229,8 +229,9 @@ def record(entry: Entry, directory: Path) -> dict:
         "exceptions": [str(x) for x in (publish or {}).get("exceptions") or []],
         "lock_exceptions": [f"{name}: {why}" for name, why in sorted(entry.lock_exceptions.items())],
         "smoke": _smoke(smoke, image_id),
-        "published": None if not publish else {k: publish.get(k) for k in (
+        "published": None if not publish else {**{k: publish.get(k) for k in (
             "registry", "repository", "full_tag", "alias", "digest", "pull", "published_at")},
+            **({"audit": publish["audit"]} if publish.get("audit") else {})},  # publish --max-severity's audit
         "repro": _repro(_read(directory, entry.tag, "repro")),
     }
 
@@ -277,6 +278,7 @@ def render_markdown(records: list[dict], source: str) -> str:
             full = f"{p['repository']}:{p['full_tag']}"
             lines += [f"- full tag: {_code(full)}",
                       f"- digest: {_code(p['digest'])}", f"- pull: {pull} (published {_md(p['published_at'])})"]
+            lines.append(f"- vulnerabilities: {_md(p.get('audit') or 'not audited at publish (no --max-severity)')}")
         lines += [f"- image ID: {_code(r['image_id'])}" if r["image_id"] else "- image ID: —",
                   f"- size: {_gb(r['size_bytes'])}, Python {_md(r['python'])}, CUDA {_md(r['cuda'])}, "
                   f"base {_md(r['base'])}", f"- minimum NVIDIA driver: {_md(r['min_driver'])}"]

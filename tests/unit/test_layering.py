@@ -23,6 +23,7 @@ ALLOWED_STEP_EDGES = {
     ("verify", "smoke"): "verify re-runs the same gate on a pulled image",
     ("repro", "manifest"): "repro compares the manifests of two images",
     ("diff", "manifest"): "diff compares the manifests of two images",
+    ("publish", "audit"): "publish --max-severity runs the same vulnerability audit before any push",
 }
 
 
