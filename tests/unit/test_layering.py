@@ -15,6 +15,7 @@ from tests.conftest import ROOT
 # Edges between step modules that are part of the design, each with why.
 ALLOWED_STEP_EDGES = {
     ("build", "lock"): "build stages the locks lock wrote (file names)",
+    ("build", "diff"): "a build over its size budget names the packages that grew, as builder diff shows them",
     ("build", "preflight"): "before BuildKit: committed files complete, every source reachable or mirrored",
     ("preflight", "lock"): "preflight refuses inputs whose locks do not match the matrix (lock's public check)",
     ("lock", "resolve"): "lock is resolve's resolution, with hashes",
