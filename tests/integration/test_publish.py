@@ -190,6 +190,29 @@ def test_an_image_built_from_other_locks_than_the_checkout_is_refused_before_any
     assert registry.digest("train", TAG) is None  # nothing pushed
 
 
+EXPIRED_WAIVER = """waivers:
+  - id: PYSEC-2000-1
+    package: pip
+    reason: "a test waiver that expired long ago"
+    expires: 2000-01-01
+"""
+
+
+def test_max_severity_audits_the_image_before_any_push(project, registry, images, capsys):
+    passing_smoke(images(project))
+    argv = ("publish", TAG, "--registry", registry.host, "--date", "20261202", "--revision", "abc1234",
+            "--max-severity", "high")
+    (project / "waivers.yaml").write_text(EXPIRED_WAIVER)
+    assert run_cli(*argv) == 1
+    assert "refusing to publish: waivers.yaml:2: waiver for PYSEC-2000-1 (pip) expired on 2000-01-01" in \
+        capsys.readouterr().err
+    assert registry.digest("train", TAG) is None and reports.read(TAG, "audit")["passed"] is False
+    (project / "waivers.yaml").write_text(EXPIRED_WAIVER.replace("2000-01-01", "2099-12-31"))
+    assert run_cli(*argv) == 0
+    report = reports.read(TAG, "publish")
+    assert report["audit"] == reports.read(TAG, "audit")["summary"] and ": passed;" in report["audit"]
+
+
 def test_republishing_the_same_image_is_idempotent(project, registry, images):
     passing_smoke(images(project))
     argv = ("publish", TAG, "--registry", registry.host, "--date", "20261202", "--revision", "abc1234")

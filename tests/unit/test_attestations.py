@@ -91,3 +91,23 @@ def test_lock_mismatches_name_each_lock():
 def test_verify_summary_counts_packages():
     lines = attestations.summary(sbom(), None, DIGEST)
     assert lines[-1] == "sbom: SPDX-2.3, 68 Python and 157 OS packages (debian 12) with hashes"
+
+
+def provenance(audit: dict | None) -> dict:
+    return attestations.provenance(
+        repository="ghcr.io/train-images/train", digest=DIGEST, entry={"tag": "t", "base": "debian:bookworm-slim"},
+        locks={"requirements.lock": "a" * 64}, source={"uri": "https://github.com/x/y", "revision": "abc"},
+        build={}, gate={"passed": True, "mode": "cpu"}, builder_id="local:test", started=None, finished="now",
+        audit=audit)
+
+
+def test_the_provenance_carries_the_audit_and_verify_shows_it():
+    verdict = {"audited_on": "2026-12-04", "passed": True, "max_severity": "high",
+               "summary": "audit 2026-12-04: passed; 45/68 Python packages audited, 0 known vulnerabilities"}
+    statement = provenance(verdict)
+    dep = statement["predicate"]["buildDefinition"]["resolvedDependencies"][0]
+    assert dep["uri"] == "https://github.com/x/y/blob/abc/locks/t/requirements.lock"
+    assert dep["annotations"]["read_from"] == "/opt/train-image/locks/requirements.lock in the image"
+    assert verdict["summary"] in attestations.summary(None, statement, DIGEST)
+    assert "audit: none recorded (published without --max-severity)" in attestations.summary(
+        None, provenance(None), DIGEST)
