@@ -46,7 +46,7 @@ def test_a_build_above_its_size_budget_fails_naming_what_grew(tmp_path):
         first, report = build(cwd)
         made.append(report.get("image_id"))
         assert first.returncode == 0, first.stderr[-2000:]
-        # The budget: 2 MB over the first image; the next build adds 8 MB and upgrades bigpkg.
+        # The budget: 2 MB over the first image; the next build adds 8 MiB and upgrades bigpkg.
         budget = report["size_bytes"] + 2_000_000
         entry = f"  - tag: {CI_TAG}\n"
         (cwd / "matrix.yaml").write_text(text.replace(entry, f"{entry}    size_budget: {budget}\n"))
@@ -56,7 +56,7 @@ def test_a_build_above_its_size_budget_fails_naming_what_grew(tmp_path):
         assert second.returncode == 1 and report["result"] == "failed"
         error = next(line for line in second.stderr.splitlines() if line.startswith("error:"))
         assert f"above its size budget of {budget / 1e9:.2f} GB (matrix.yaml:" in error
-        assert "python bigpkg 1.0 → 2.0 (upgraded)" in error and "/usr +8.0 MB" in error, error
+        assert "python bigpkg 1.0 → 2.0 (upgraded)" in error and "/usr +8.4 MB" in error  # 8 MiB more, error
         assert report["error"] in error
     finally:
         subprocess.run([DOCKER, "rmi", "-f", f"{IMAGE}:{CI_TAG}", *filter(None, made)], capture_output=True)
