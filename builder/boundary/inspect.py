@@ -2,7 +2,7 @@
 
 `problems` checks the image against its own facts: every pin installed at its version, torch the CUDA build
 it should be and not replaced by a later install, `pip check` clean. `inventory` lists every package for the
-SBOM; `read_facts` copies the facts file out without starting a container.
+SBOM; `read_facts`, `read_locks` and `read_os_release` copy files out without starting a container.
 """
 
 from __future__ import annotations
@@ -72,17 +72,52 @@ def inventory(image: str) -> dict:
     return found
 
 
-def read_facts(image) -> dict:
-    """The image's facts file, copied out of a created (never started) container: works without a shell."""
+def _copy_out(image, path: str) -> dict[str, bytes]:
+    """The regular files at `path` (a file or a directory, not below it) in the image, by base name, copied out
+    of a created (never started) container: works without a shell. NotFound and the like propagate: each caller
+    says what its missing file means."""
     container = engine.sdk().containers.create(image.id, command=["true"], network_disabled=True)
     try:
-        stream, _ = container.get_archive(FACTS)
+        stream, _ = container.get_archive(path)
         with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
-            member = tar.getmembers()[0]
-            return json.loads(tar.extractfile(member).read())
-    except Exception as exc:  # noqa: BLE001 - NotFound, bad tar, bad JSON: one answer for the user
-        name = image.tags[0] if image.tags else image.id[:19]
-        raise StepFailed(f"{name} has no readable {FACTS} ({type(exc).__name__})",
-                         "this is not a train-images image, or it was built incorrectly") from None
+            return {m.name.rsplit("/", 1)[-1]: tar.extractfile(m).read() for m in tar.getmembers()
+                    if m.isfile() and m.name.count("/") <= 1}
     finally:
         container.remove(force=True)
+
+
+def _image_name(image) -> str:
+    return image.tags[0] if image.tags else image.id[:19]
+
+
+def read_facts(image) -> dict:
+    """The image's facts file (see _copy_out)."""
+    try:
+        return json.loads(next(iter(_copy_out(image, FACTS).values())))
+    except Exception as exc:  # noqa: BLE001 - NotFound, bad tar, bad JSON: one answer for the user
+        raise StepFailed(f"{_image_name(image)} has no readable {FACTS} ({type(exc).__name__})",
+                         "this is not a train-images image, or it was built incorrectly") from None
+
+
+LOCKS = "/opt/train-image/locks"
+OS_RELEASE = ("/etc/os-release", "/usr/lib/os-release")
+
+
+def read_locks(image) -> dict[str, bytes]:
+    """The lock files the image was built from, as the image carries them ({file name: content})."""
+    try:
+        return {name: data for name, data in _copy_out(image, LOCKS).items() if name.endswith(".lock")}
+    except Exception as exc:  # noqa: BLE001 - NotFound or a bad tar: the image carries no locks
+        raise StepFailed(f"{_image_name(image)} has no readable {LOCKS}/ ({type(exc).__name__})",
+                         "this image was not built by this builder, or was built incorrectly") from None
+
+
+def read_os_release(image) -> str:
+    """The image's os-release text (the distribution and its version, as scanners read it)."""
+    for path in OS_RELEASE:
+        try:
+            return next(iter(_copy_out(image, path).values())).decode("utf-8", "replace")
+        except Exception:  # noqa: BLE001, S112 - /etc/os-release is often a link: try the next place
+            continue
+    raise StepFailed(f"{_image_name(image)} has no readable {' or '.join(OS_RELEASE)}",
+                     "an SBOM names the distribution of its OS packages; this image does not say which it is")

@@ -10,7 +10,10 @@ from __future__ import annotations
 import re
 from urllib.parse import quote
 
+from packageurl import PackageURL
+
 import builder
+from builder.errors import StepFailed
 
 SBOM_TYPE = "application/spdx+json"
 PROVENANCE_TYPE = "application/vnd.in-toto+json"
@@ -22,36 +25,87 @@ def _spdx_id(kind: str, name: str, version: str) -> str:
     return "SPDXRef-" + re.sub(r"[^A-Za-z0-9.-]+", "-", f"{kind}-{name}-{version}")
 
 
-def sbom(tag: str, repository: str, digest: str, inventory: dict, created: str) -> dict:
-    """Every Python and OS package of the image with its version and a content hash (see smoke/inventory.py)."""
-    packages, rels = [], []
+# Scanners match an OS package only with its distribution: purl namespace and `distro=` (purl-spec, deb type),
+# and the OS itself by its NVD CPE vendor and product.
+OS_CPE = {"debian": ("debian", "debian_linux"), "ubuntu": ("canonical", "ubuntu_linux")}
+
+
+def parse_os_release(text: str) -> dict[str, str]:
+    """KEY=value lines of os-release(5), quotes removed."""
+    out = {}
+    for line in text.splitlines():
+        key, sep, value = line.strip().partition("=")
+        if sep and key and not key.startswith("#"):
+            out[key] = value.strip().strip("\"'")
+    return out
+
+
+def distro(os_release: dict[str, str]) -> tuple[str, str]:
+    """(purl namespace, distro qualifier) of an os-release, e.g. ("debian", "debian-12"), ("ubuntu", "ubuntu-22.04");
+    a release without a version number (testing, sid) is named by its codename."""
+    ident = os_release.get("ID", "").lower()
+    version = os_release.get("VERSION_ID") or os_release.get("VERSION_CODENAME")
+    if not re.fullmatch(r"[a-z0-9._-]+", ident) or not version:
+        raise StepFailed("the image's os-release names no distribution (ID) or version (VERSION_ID)",
+                         "an SBOM must say which distribution its OS packages come from; fix the base image")
+    return ident, f"{ident}-{version}"
+
+
+def python_purl(name: str, version: str) -> str:
+    """pkg:pypi/NAME@VERSION, NAME as the purl spec wants it (lowercase, '_' as '-'): packageurl normalizes it."""
+    return PackageURL(type="pypi", name=name, version=version).to_string()
+
+
+def deb_purl(package: dict, namespace: str, distro_id: str) -> str:
+    return PackageURL(type="deb", namespace=namespace, name=package["name"], version=package["version"],
+                      qualifiers={"arch": package["arch"], "distro": distro_id}).to_string()
+
+
+def image_purl(repository: str, digest: str, tag: str) -> str:
+    return PackageURL(type="oci", name=repository.rsplit("/", 1)[-1].lower(), version=digest,
+                      qualifiers={"repository_url": repository, "tag": tag}).to_string()
+
+
+def os_cpe(os_release: dict[str, str]) -> str:
+    ident, distro_id = distro(os_release)
+    vendor, product = OS_CPE.get(ident, (ident, ident))
+    return f"cpe:2.3:o:{vendor}:{product}:{distro_id.split('-', 1)[1]}:*:*:*:*:*:*:*"
+
+
+def _purl_ref(locator: str) -> list[dict]:
+    return [{"referenceCategory": "PACKAGE-MANAGER", "referenceType": "purl", "referenceLocator": locator}]
+
+
+def _package(kind: str, name: str, version: str, sha256: str | None, comment: str, refs: list[dict]) -> dict:
+    return {"name": name, "SPDXID": _spdx_id(kind, name, version), "versionInfo": version,
+            "downloadLocation": "NOASSERTION", "filesAnalyzed": False,
+            "checksums": [{"algorithm": "SHA256", "checksumValue": sha256}] if sha256 else [],
+            "comment": comment, "externalRefs": refs}
+
+
+def sbom(tag: str, repository: str, digest: str, inventory: dict, created: str, os_release: dict[str, str]) -> dict:
+    """Every Python and OS package of the image with its version, a canonical package URL and a content hash
+    (see smoke/inventory.py), and the operating system itself (its CPE), as scanners match them."""
+    namespace, distro_id = distro(os_release)
     image_id = "SPDXRef-image"
-    packages.append({"name": f"{repository}@{digest}", "SPDXID": image_id, "versionInfo": tag,
-                     "downloadLocation": f"{repository}@{digest}", "filesAnalyzed": False,
-                     "checksums": [{"algorithm": "SHA256", "checksumValue": digest.split(":", 1)[1]}],
-                     "primaryPackagePurpose": "CONTAINER"})
+    packages = [{"name": f"{repository}@{digest}", "SPDXID": image_id, "versionInfo": tag,
+                 "downloadLocation": f"{repository}@{digest}", "filesAnalyzed": False,
+                 "checksums": [{"algorithm": "SHA256", "checksumValue": digest.split(":", 1)[1]}],
+                 "primaryPackagePurpose": "CONTAINER", "externalRefs": _purl_ref(image_purl(repository, digest, tag))}]
+    os_version = distro_id.split("-", 1)[1]
+    packages.append({**_package("os", namespace, os_version, None, f"from the image's os-release: "
+                                f"{os_release.get('PRETTY_NAME', distro_id)}",
+                                [{"referenceCategory": "SECURITY", "referenceType": "cpe23Type",
+                                  "referenceLocator": os_cpe(os_release)}]),
+                     "primaryPackagePurpose": "OPERATING-SYSTEM"})
     for p in inventory.get("python_packages", []):
-        ident = _spdx_id("pypi", p["name"], p["version"])
-        packages.append({"name": p["name"], "SPDXID": ident, "versionInfo": p["version"],
-                         "downloadLocation": "NOASSERTION", "filesAnalyzed": False,
-                         "checksums": [{"algorithm": "SHA256", "checksumValue": p["record_sha256"]}]
-                         if p.get("record_sha256") else [],
-                         "comment": "checksum: sha256 of the installed dist-info RECORD (which hashes every file)",
-                         "externalRefs": [{"referenceCategory": "PACKAGE-MANAGER", "referenceType": "purl",
-                                           "referenceLocator": f"pkg:pypi/{quote(p['name'].lower())}@"
-                                                               f"{quote(p['version'])}"}]})
-        rels.append({"spdxElementId": image_id, "relationshipType": "CONTAINS", "relatedSpdxElement": ident})
+        packages.append(_package("pypi", p["name"], p["version"], p.get("record_sha256"),
+                                 "checksum: sha256 of the installed dist-info RECORD (which hashes every file)",
+                                 _purl_ref(python_purl(p["name"], p["version"]))))
     for p in inventory.get("dpkg_packages", []):
-        ident = _spdx_id("deb", p["name"], p["version"])
-        packages.append({"name": p["name"], "SPDXID": ident, "versionInfo": p["version"],
-                         "downloadLocation": "NOASSERTION", "filesAnalyzed": False,
-                         "checksums": [{"algorithm": "SHA256", "checksumValue": p["md5sums_sha256"]}]
-                         if p.get("md5sums_sha256") else [],
-                         "comment": "checksum: sha256 of dpkg's md5sums list of the package's files",
-                         "externalRefs": [{"referenceCategory": "PACKAGE-MANAGER", "referenceType": "purl",
-                                           "referenceLocator": f"pkg:deb/{quote(p['name'])}@{quote(p['version'])}"
-                                                               f"?arch={quote(p['arch'])}"}]})
-        rels.append({"spdxElementId": image_id, "relationshipType": "CONTAINS", "relatedSpdxElement": ident})
+        packages.append(_package("deb", p["name"], p["version"], p.get("md5sums_sha256"),
+                                 "checksum: sha256 of dpkg's md5sums list of the package's files",
+                                 _purl_ref(deb_purl(p, namespace, distro_id))))
     return {
         "spdxVersion": "SPDX-2.3", "dataLicense": "CC0-1.0", "SPDXID": "SPDXRef-DOCUMENT",
         "name": f"{repository}:{tag}",
@@ -59,18 +113,39 @@ def sbom(tag: str, repository: str, digest: str, inventory: dict, created: str) 
         "creationInfo": {"created": created, "creators": [f"Tool: train-image-builder-{builder.__version__}"]},
         "packages": packages,
         "relationships": [{"spdxElementId": "SPDXRef-DOCUMENT", "relationshipType": "DESCRIBES",
-                           "relatedSpdxElement": image_id}, *rels],
+                           "relatedSpdxElement": image_id},
+                          *({"spdxElementId": image_id, "relationshipType": "CONTAINS",
+                             "relatedSpdxElement": p["SPDXID"]} for p in packages[1:])],
     }
 
 
+def lock_mismatches(image_locks: dict[str, str], checkout_locks: dict[str, str], where: str) -> list[str]:
+    """How the locks inside the image ({name: sha256}, read from /opt/train-image/locks/) differ from the
+    checkout's (`where`); empty when every lock the image carries is the checkout's. Locks only the checkout has
+    (nvcc.lock, ops.lock: used by build stages, not copied into the image) cannot be compared and are not."""
+    if not image_locks:
+        return ["the image carries no lock files in /opt/train-image/locks/"]
+    out = []
+    for name, sha in sorted(image_locks.items()):
+        theirs = checkout_locks.get(name)
+        if theirs is None:
+            out.append(f"{name} is in the image but not in {where}")
+        elif theirs != sha:
+            out.append(f"{name} differs: the image's is sha256:{sha[:12]}…, {where}{name} is sha256:{theirs[:12]}…")
+    return out
+
+
 def provenance(*, repository: str, digest: str, entry: dict, locks: dict[str, str], source: dict, build: dict,
-               gate: dict, builder_id: str, started: str | None, finished: str) -> dict:
+               gate: dict, builder_id: str, started: str | None, finished: str, audit: dict | None = None) -> dict:
     """Who built the image, from what, and which gate it passed (SLSA provenance v1 in an in-toto Statement).
 
-    entry: the matrix entry as the image's facts file states it; locks: {file name: sha256} of every lock that
-    went into the build; source: {"uri", "revision"}; build: the build report; gate: the smoke report."""
-    deps = [{"uri": f"{source['uri']}/blob/{source['revision']}/dockerfiles/{entry['tag']}/{name}",
-             "digest": {"sha256": sha}} for name, sha in sorted(locks.items())]
+    entry: the matrix entry as the image's facts file states it; locks: {file name: sha256} of every lock the
+    image carries (read from the image, checked against the checkout by lock_mismatches); source: {"uri", "revision"};
+    build: the build report; gate: the smoke report."""
+    deps = [{"uri": f"{source['uri']}/blob/{source['revision']}/locks/{entry['tag']}/{name}",
+             "digest": {"sha256": sha},
+             "annotations": {"read_from": f"/opt/train-image/locks/{name} in the image"}}
+            for name, sha in sorted(locks.items())]
     base = build.get("base") or {}
     deps.append({"uri": f"docker://{base.get('ref') or entry.get('base')}",
                  "digest": {"sha256": (base.get("image_id") or "sha256:").split(":", 1)[1] or "unknown"},
@@ -98,7 +173,10 @@ def provenance(*, repository: str, digest: str, entry: dict, locks: dict[str, st
                                                 "finished_at": gate.get("finished_at"),
                                                 "image_id": gate.get("image_id"),
                                                 "checks": {c["name"]: c.get("passed")
-                                                           for c in gate.get("checks", [])}}}],
+                                                           for c in gate.get("checks", [])}}},
+                               *([{"name": "vulnerability-audit", "mediaType": "application/json",
+                                   "annotations": {k: audit[k] for k in ("audited_on", "passed", "max_severity",
+                                                                         "summary")}}] if audit else [])],
             },
         },
     }
@@ -126,6 +204,10 @@ def summary(sbom_doc: dict | None, statement: dict | None, digest: str) -> list[
                      f"{pred.get('buildDefinition', {}).get('internalParameters', {}).get('builder_version')})")
         lines.append(f"gate: {'passed' if gate.get('passed') else 'NOT passed'} on {where} "
                      f"({gate.get('finished_at')})")
+        audit = next((b.get("annotations", {}) for b in run.get("byproducts", [])
+                      if b.get("name") == "vulnerability-audit"), None)
+        lines.append(audit.get("summary", "audit: ?") if audit else "audit: none recorded (published without "
+                                                                     "--max-severity)")
     if sbom_doc is None:
         lines.append("sbom: none found for this digest")
     else:
@@ -135,5 +217,7 @@ def summary(sbom_doc: dict | None, statement: dict | None, digest: str) -> list[
                                               for r in p.get("externalRefs", [])))
 
         pypi, deb = count("pypi"), count("deb")
-        lines.append(f"sbom: {sbom_doc.get('spdxVersion')}, {pypi} Python and {deb} OS packages with hashes")
+        system = next((f" ({p.get('name')} {p.get('versionInfo')})" for p in pkgs
+                       if p.get("primaryPackagePurpose") == "OPERATING-SYSTEM"), "")
+        lines.append(f"sbom: {sbom_doc.get('spdxVersion')}, {pypi} Python and {deb} OS packages{system} with hashes")
     return lines

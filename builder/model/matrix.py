@@ -16,7 +16,7 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from builder.errors import MatrixError, UserError, mask
-from builder.model import reference, yamlread
+from builder.model import budget, reference, yamlread
 
 DEFAULT_MATRIX = Path("matrix.yaml")
 MAX_ENTRIES = 200
@@ -61,6 +61,7 @@ class Entry:
     nvcc: bool = False  # ship nvcc in the runtime image too (the ops stage always has one)
     gpus: tuple[str, ...] | None = None  # GPUs the entry claims; None: compat.yaml toolchain.claims
     cuda_archs: str | None = None  # TORCH_CUDA_ARCH_LIST for the ops; None: compat.yaml default for its CUDA
+    size_budget: int | None = None  # bytes the image may have; None: 1.2 × the last release (model/budget.py)
     lines: dict = field(default_factory=dict, compare=False, repr=False)
     source: str = "matrix.yaml"
 
@@ -230,6 +231,7 @@ ENTRY_FIELDS: dict[str, tuple[Callable, bool]] = {
     "nvcc": (_bool, False),
     "gpus": (_gpus, False),
     "cuda_archs": (_pattern(ARCH_LIST_RE, "a CUDA arch list", '"8.0;9.0+PTX"'), False),
+    "size_budget": (budget.parse, False),
 }
 DEFAULTS_ONLY = {"image": _image_name}
 TOP_LEVEL = ("defaults", "entries")
@@ -346,7 +348,8 @@ def _read_entry(raw, index: int, defaults: dict, report: _Reporter) -> Entry:
         runner=tuple(values.get("runner", FALLBACKS["runner"])), ci=values.get("ci", False),
         default=values.get("default", False), base_source=values.get("base_source", ""),
         lock_exceptions=values.get("lock_exceptions", {}), nvcc=values.get("nvcc", False), gpus=values.get("gpus"),
-        cuda_archs=values.get("cuda_archs"), lines=lines, source=str(report.path),
+        cuda_archs=values.get("cuda_archs"), size_budget=values.get("size_budget"), lines=lines,
+        source=str(report.path),
     )
 
 

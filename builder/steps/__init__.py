@@ -10,8 +10,8 @@ A *per-tag step* (resolve, lock, build, smoke, publish, repro) is a module with:
     run(entry, o) -> Done one entry; raises a BuilderError when the step fails for that entry
 `builder.runner` runs a step over entries with one failure policy and one summary table.
 
-A *tool* (validate, list, matrix, compat, render, catalog, verify, manifest, diff, refresh-compat) works on
-the matrix or on images as a whole:
+A *tool* (validate, list, matrix, compat, render, catalog, verify, manifest, diff, audit, refresh-compat,
+plan, login, sign) works on the matrix or on images as a whole:
     NAME, HELP, Options, add_arguments(p), NEEDS_MATRIX, main(options, matrix) -> int
     An Options that extends `model.matrix.Selection` gets the TAG.../--all arguments of the per-tag steps
     from the CLI; `options.entries(matrix)` are the entries they name.
@@ -48,6 +48,7 @@ TOOLS = {
     "verify": "builder.steps.verify",
     "manifest": "builder.steps.manifest",
     "diff": "builder.steps.diff",
+    "audit": "builder.steps.audit",
     "refresh-compat": "builder.steps.refresh",
     "plan": "builder.steps.plan",
     "login": "builder.steps.login",

@@ -17,7 +17,7 @@ from builder.boundary import buildkit, engine, inspect
 from builder.errors import EnvironmentProblem, StepFailed
 from builder.model import context, inputs, paths
 from builder.model.matrix import Entry
-from builder.steps import Done, preflight
+from builder.steps import Done, diff, preflight
 
 NAME = "build"
 HELP = "build images with BuildKit, verify them, write build reports"
@@ -67,6 +67,8 @@ def run(entry: Entry, options: Options) -> Done:
     spec = buildkit.spec(entry, options.inputs, context=staged, ref=paths.image_ref(entry),
                          no_cache=options.no_cache, cache_ref=options.cache_ref)
     digest = buildkit.input_hash(spec)
+    # Read before this build replaces them: the images a size budget compares with (builder/model/budget.py).
+    baselines = [reports.read(entry.tag, s, required=False) for s in ("publish", NAME)]
     previous = None if options.force else _skippable(entry, digest)
     if previous:
         reports.write(entry.tag, NAME, {**previous, "result": "skipped", "reason": "this builder built these inputs",
@@ -88,8 +90,9 @@ def run(entry: Entry, options: Options) -> Done:
         image = engine.sdk().images.get(spec.ref)
         found = inspect.installed(spec.ref)
     mismatches = inspect.problems(facts, found)
+    over = None if mismatches else diff.over_budget(entry, image, baselines)
     report = {
-        "result": "failed" if mismatches else "built",
+        "result": "failed" if mismatches or over else "built", **({"error": over} if over else {}),
         "image": spec.ref, "image_id": image.id, "size_bytes": image.attrs.get("Size"),
         "duration_s": round(time.monotonic() - started, 1), "input_hash": digest, "command": shown,
         "builder_version": builder.__version__, "base": base,
@@ -101,6 +104,8 @@ def run(entry: Entry, options: Options) -> Done:
     if mismatches:
         raise StepFailed(f"{entry.tag}: the image is not what the matrix says: " + "; ".join(mismatches),
                          f"see {paths.report(entry.tag, NAME)}")
+    if over:
+        raise StepFailed(f"{entry.tag}: {over}", f"make the image smaller, or raise size_budget in {entry.source}")
     return Done("built", f"{image.id[7:19]}, {_gb(image.attrs.get('Size'))}")
 
 

@@ -114,8 +114,9 @@ def record(entry: Entry, directory: Path) -> dict:
         "exceptions": [str(x) for x in (publish or {}).get("exceptions") or []],
         "lock_exceptions": [f"{name}: {why}" for name, why in sorted(entry.lock_exceptions.items())],
         "smoke": _smoke(smoke, image_id),
-        "published": None if not publish else {k: publish.get(k) for k in (
+        "published": None if not publish else {**{k: publish.get(k) for k in (
             "registry", "repository", "full_tag", "alias", "digest", "pull", "published_at")},
+            **({"audit": publish["audit"]} if publish.get("audit") else {})},  # publish --max-severity's audit
         "repro": _repro(_read(directory, entry.tag, "repro")),
     }
 
@@ -162,6 +163,7 @@ def render_markdown(records: list[dict], source: str) -> str:
             full = f"{p['repository']}:{p['full_tag']}"
             lines += [f"- full tag: {_code(full)}",
                       f"- digest: {_code(p['digest'])}", f"- pull: {pull} (published {_md(p['published_at'])})"]
+            lines.append(f"- vulnerabilities: {_md(p.get('audit') or 'not audited at publish (no --max-severity)')}")
         lines += [f"- image ID: {_code(r['image_id'])}" if r["image_id"] else "- image ID: —",
                   f"- size: {_gb(r['size_bytes'])}, Python {_md(r['python'])}, CUDA {_md(r['cuda'])}, "
                   f"base {_md(r['base'])}", f"- minimum NVIDIA driver: {_md(r['min_driver'])}"]

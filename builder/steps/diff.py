@@ -16,7 +16,7 @@ from packaging.version import InvalidVersion, Version
 from builder import log
 from builder.boundary import imagesave
 from builder.errors import UserError
-from builder.model import paths, reference
+from builder.model import budget, paths, reference
 
 KINDS = ("upgraded", "downgraded", "added", "removed")
 _FAIL_WORDS = {"upgrade": "upgraded", "downgrade": "downgraded", "add": "added", "remove": "removed"}
@@ -157,6 +157,32 @@ def diff(a: dict, b: dict) -> dict:
     changes = package_changes(a, b)
     return {"packages": changes, "counts": {k: sum(c["change"] == k for c in changes) for k in KINDS},
             "sizes": size_changes(a, b)}
+
+
+def grown(result: dict, top: int = 8) -> list[str]:
+    """What made an image larger, from diff(): packages added or upgraded, then directories that grew (largest
+    first), one short phrase each."""
+    changed = [f"{c['kind']} {c['name']} {c['a'] + ' → ' if c['a'] else ''}{c['b']} ({c['change']})"
+               for c in result["packages"] if c["change"] in ("added", "upgraded")]
+    dirs = [f"{s['dir']} {_mb(s['delta'])}" for s in sorted(result["sizes"], key=lambda s: -s["delta"])
+            if s["delta"] > 0][:top]
+    more = [f"and {len(changed) - top} more packages"] if len(changed) > top else []
+    return changed[:top] + more + dirs
+
+
+def over_budget(entry, image, baselines: list[dict | None]) -> str | None:
+    """Why the freshly built `image` (docker SDK Image) breaks its entry's size budget (model/budget.py), naming
+    what grew since the first of `baselines` (the last publish, then build, report) whose image is still here;
+    None when it is within budget or has none."""
+    published = next((b for b in baselines if b and b.get("step") == "publish"), None)
+    limit = budget.limit(entry.size_budget, f"{entry.source}:{entry.line('size_budget')} size_budget", published)
+    size = image.attrs.get("Size") or 0
+    if limit is None or size <= limit[0]:
+        return None
+    earlier = next((b["image_id"] for b in baselines if b and b.get("image_id") not in (None, image.id)
+                    and imagesave.image_id(b["image_id"])), None)
+    changes = grown(diff(imagesave.manifest(earlier), imagesave.manifest(image.id))) if earlier else None
+    return budget.message(size, limit, changes, earlier)
 
 
 # --- CLI -----------------------------------------------------------------------------------------------

@@ -41,7 +41,8 @@ from builder.boundary import engine, inspect, process, registry
 from builder.boundary import host as machine
 from builder.errors import StepFailed, UserError
 from builder.model import attestations, paths, plan
-from builder.steps import Done
+from builder.model import audit as audit_model
+from builder.steps import Done, audit
 
 MAX_TAG = 128
 SHORT = {"torch": "torch", "transformers": "tf", "deepspeed": "ds", "peft": "peft", "accelerate": "acc",
@@ -70,6 +71,8 @@ class Options:
     retries: int = 3
     allow_cpu_gate: bool = False
     allow_substituted_base: bool = False
+    max_severity: str | None = None
+    waivers: str = "waivers.yaml"
     password: str | None = field(default=None, repr=False)  # read from stdin by prepare(), never an argument
 
 
@@ -86,6 +89,8 @@ def add_arguments(p) -> None:
                    help="publish an entry of GPU runners whose gate ran on CPU only (recorded where users look)")
     p.add_argument("--allow-substituted-base", action="store_true",
                    help="publish an image built on a substituted base (recorded where users look)")
+    audit.add_max_severity(p)  # refuses an image whose audit (builder audit) is above LEVEL, before any push
+    p.add_argument("--waivers", default="waivers.yaml", metavar="PATH", help="waivers for --max-severity's audit")
 
 
 def prepare(entries, options: Options) -> Options:
@@ -308,13 +313,16 @@ def _local_digests(image, repo) -> set[str]:
 
 def publish_one(entry, args: Options, config: Path | None) -> dict:
     image, smoke, exceptions = gate(entry, args)
+    locks = image_locks(entry, image)  # before anything is pushed: the provenance must be true of this checkout
+    audited = audit_gate(entry, image, args)
     labels = image.labels or {}
     repo = registry.repository(args.registry, entry.image)
     date = args.date or datetime.now(timezone.utc).strftime("%Y%m%d")
     full = full_tag(entry.tag, versions(entry, labels), date, revision_of(labels, args.revision))
     planned = {"registry": args.registry, "repository": repo.ref, "full_tag": full, "alias": entry.tag,
             "image_id": image.id, "smoke_finished_at": smoke.get("finished_at"), "smoke_mode": smoke.get("mode"),
-            "gate": smoke.get("level") or {"kind": smoke.get("mode")}, "exceptions": exceptions}
+            "gate": smoke.get("level") or {"kind": smoke.get("mode")}, "exceptions": exceptions,
+            **({"audit": audited["summary"]} if audited else {})}
     if args.dry_run:
         log.info(f"  would push {repo.ref}:{full}, then move {repo.ref}:{entry.tag}")
         return {**planned, "result": "dry-run"}
@@ -331,7 +339,7 @@ def publish_one(entry, args: Options, config: Path | None) -> dict:
         raise StepFailed(f"{repo.ref}:{full}: the registry serves {served}, the push reported {pushed}, the local "
                          f"image records {sorted(local) or 'none'}",
                          "the alias was not moved; investigate the registry")
-    attached = attest(entry, repo, served, image, smoke, config, args.retries)
+    attached = attest(entry, repo, served, image, smoke, locks, audited, config, args.retries)
     _after_full_push(repo, served)
     tag_image(config, image.id, f"{repo.ref}:{entry.tag}")
     alias_pushed = retrying(f"push {repo.ref}:{entry.tag}", lambda: push(config, f"{repo.ref}:{entry.tag}", repo.host),
@@ -348,7 +356,8 @@ def publish_one(entry, args: Options, config: Path | None) -> dict:
     return report
 
 
-def attest(entry, repo, digest: str, image, smoke: dict, config, tries: int) -> dict:
+def attest(entry, repo, digest: str, image, smoke: dict, locks: dict, audited: dict | None, config,
+           tries: int) -> dict:
     """SBOM and provenance for the pushed digest, stored beside it as OCI referrers (before the alias moves,
     so the alias never names an image without them); copies in build/attest/<tag>/ for signing in CI."""
     now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -357,15 +366,15 @@ def attest(entry, repo, digest: str, image, smoke: dict, config, tries: int) -> 
     if build.get("image_id") != image.id:
         build = {}  # the build report is of another image: claim nothing from it
     facts = inspect.read_facts(image)  # what the image says it is, not what the checkout says now
-    locks = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(paths.tag_dir(entry).glob("*.lock"))}
+    os_release = attestations.parse_os_release(inspect.read_os_release(image))
     labels = image.labels or {}
     source = {"uri": labels.get("org.opencontainers.image.source", ""),
               "revision": labels.get("org.opencontainers.image.revision", "unknown")}
     docs = {
-        attestations.SBOM_TYPE: attestations.sbom(entry.tag, repo.ref, digest, inventory, now),
+        attestations.SBOM_TYPE: attestations.sbom(entry.tag, repo.ref, digest, inventory, now, os_release),
         attestations.PROVENANCE_TYPE: attestations.provenance(
             repository=repo.ref, digest=digest, entry=facts, locks=locks, source=source, build=build, gate=smoke,
-            builder_id=builder_identity(), started=smoke.get("finished_at"), finished=now),
+            builder_id=builder_identity(), started=smoke.get("finished_at"), finished=now, audit=audited),
     }
     subject = retrying(f"read back {repo.ref}@{digest}", lambda: registry.descriptor(repo, digest, config), tries)
     out_dir = paths.ATTEST_DIR / entry.tag
@@ -379,6 +388,35 @@ def attest(entry, repo, digest: str, image, smoke: dict, config, tries: int) -> 
                                                        config), tries)
     log.info(f"  attached {', '.join(stored)} to {repo.ref}@{digest}")
     return stored
+
+
+def audit_gate(entry, image, options: Options) -> dict | None:
+    """With --max-severity: the image's vulnerability audit (kept as build/reports/<tag>.audit.json), or a
+    refusal naming what is above the level or which waiver expired. Without it: None (nothing is claimed)."""
+    if options.max_severity is None:
+        return None
+    verdict = audit.audit_image(image, options.waivers, options.max_severity)
+    reports.write(entry.tag, "audit", verdict)
+    wrong = audit_model.problems(verdict, options.waivers)
+    if wrong:
+        raise StepFailed(f"{entry.tag}: refusing to publish: " + "; ".join(wrong[:5]),
+                         f"upgrade the package, or waive it in {options.waivers} with a reason and an expiry date")
+    log.info(f"  {verdict['summary']}")
+    return verdict
+
+
+def image_locks(entry, image) -> dict[str, str]:
+    """{name: sha256} of the locks inside the image (what the provenance attests), each checked against the
+    checkout's locks/<tag>/: an image built from other locks than the checkout's is not published under it."""
+    inside = {name: hashlib.sha256(data).hexdigest() for name, data in inspect.read_locks(image).items()}
+    folder = paths.lock_dir(entry)
+    checkout = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.glob("*.lock"))}
+    wrong = attestations.lock_mismatches(inside, checkout, f"{folder}/")
+    if wrong:
+        raise StepFailed(f"{entry.tag}: refusing to attest: the image was not built from this checkout's locks: "
+                         + "; ".join(wrong), f"check out the revision the image was built from, or rebuild: "
+                         f"python -m builder build {entry.tag}")
+    return inside
 
 
 def builder_identity() -> str:

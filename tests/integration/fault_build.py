@@ -17,7 +17,7 @@ from builder.boundary import inspect
 from builder.steps import preflight
 
 
-def _preflight(entry, out_dir, **_kwargs) -> dict:
+def _preflight(entry, *_args, **_kwargs) -> dict:  # any signature: build passes entry, inputs, context
     return {"tag": entry.tag, "checked": []}
 
 

@@ -7,6 +7,7 @@ the gate's checks. test_publish_real_ci_image pushes the real CI image with its 
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -65,7 +66,13 @@ def images(pybase):
         shutil.copytree(ROOT / "smoke", ctx / "smoke", ignore=shutil.ignore_patterns("__pycache__"))
         entry = matrix.load(tmp_dir / "matrix.yaml").by_tag()[TAG]
         (ctx / "image.json").write_text(json.dumps(render.facts(entry)))
+        locks = tmp_dir / "locks" / TAG  # the checkout's locks, copied in as build does: the provenance reads them
+        locks.mkdir(parents=True, exist_ok=True)
+        if not (locks / "requirements.lock").exists():
+            (locks / "requirements.lock").write_text("# a test lock\n")
+        shutil.copytree(locks, ctx / "locks")
         (ctx / "Dockerfile").write_text(f"FROM {pybase}\nCOPY smoke/ /opt/train-image/smoke/\n"
+                                        "COPY locks/ /opt/train-image/locks/\n"
                                         "COPY image.json /opt/train-image/image.json\nCOPY hello.txt /\n"
                                         f"LABEL io.train-images.test={marker}\n{label}")
         docker("build", "-q", "-t", ref, str(ctx))
@@ -149,8 +156,15 @@ def test_sbom_and_provenance_are_stored_beside_the_digest(project, registry, ima
     sbom = json.loads(reg.referrer_payload(repo, kinds[attestations.SBOM_TYPE], digest))
     python3 = next(p for p in sbom["packages"] if p["name"] == "python3")
     assert python3["versionInfo"] and len(python3["checksums"][0]["checksumValue"]) == 64
+    assert python3["externalRefs"][0]["referenceLocator"].startswith("pkg:deb/debian/python3@") and \
+        python3["externalRefs"][0]["referenceLocator"].endswith("&distro=debian-12")
+    assert any(p.get("primaryPackagePurpose") == "OPERATING-SYSTEM" and p["versionInfo"] == "12"
+               for p in sbom["packages"])
     statement = json.loads(reg.referrer_payload(repo, kinds[attestations.PROVENANCE_TYPE], digest))
     assert statement["subject"][0]["digest"]["sha256"] == digest.split(":", 1)[1]
+    lock = next(d for d in statement["predicate"]["buildDefinition"]["resolvedDependencies"]
+                if d["uri"].endswith(f"/locks/{TAG}/requirements.lock"))
+    assert lock["digest"]["sha256"] == hashlib.sha256(b"# a test lock\n").hexdigest()  # read from the image
     gate = statement["predicate"]["runDetails"]["byproducts"][0]["annotations"]
     assert gate["passed"] is True and gate["level"]["kind"] == "gpu" and gate["image_id"] == image_id
     # Pulled by digest on another host: verify reads them back and binds them to that digest.
@@ -164,6 +178,39 @@ def test_sbom_and_provenance_are_stored_beside_the_digest(project, registry, ima
     # An artifact for another digest listed under this digest's tag is not believed.
     other = reg.descriptor(repo, report["full_tag"])
     assert reg.referrer_payload(repo, kinds[attestations.SBOM_TYPE], "sha256:" + "0" * 64) is None and other
+
+
+def test_an_image_built_from_other_locks_than_the_checkout_is_refused_before_any_push(project, registry, images,
+                                                                                      capsys):
+    passing_smoke(images(project))
+    (project / "locks" / TAG / "requirements.lock").write_text("# relocked since the build\n")
+    assert run_cli("publish", TAG, "--registry", registry.host, "--date", "20261202", "--revision", "abc1234") == 1
+    err = capsys.readouterr().err
+    assert "not built from this checkout's locks: requirements.lock differs" in err
+    assert registry.digest("train", TAG) is None  # nothing pushed
+
+
+EXPIRED_WAIVER = """waivers:
+  - id: PYSEC-2000-1
+    package: pip
+    reason: "a test waiver that expired long ago"
+    expires: 2000-01-01
+"""
+
+
+def test_max_severity_audits_the_image_before_any_push(project, registry, images, capsys):
+    passing_smoke(images(project))
+    argv = ("publish", TAG, "--registry", registry.host, "--date", "20261202", "--revision", "abc1234",
+            "--max-severity", "high")
+    (project / "waivers.yaml").write_text(EXPIRED_WAIVER)
+    assert run_cli(*argv) == 1
+    assert "refusing to publish: waivers.yaml:2: waiver for PYSEC-2000-1 (pip) expired on 2000-01-01" in \
+        capsys.readouterr().err
+    assert registry.digest("train", TAG) is None and reports.read(TAG, "audit")["passed"] is False
+    (project / "waivers.yaml").write_text(EXPIRED_WAIVER.replace("2000-01-01", "2099-12-31"))
+    assert run_cli(*argv) == 0
+    report = reports.read(TAG, "publish")
+    assert report["audit"] == reports.read(TAG, "audit")["summary"] and ": passed;" in report["audit"]
 
 
 def test_republishing_the_same_image_is_idempotent(project, registry, images):

@@ -14,8 +14,9 @@ from tests.conftest import ROOT
 
 # Edges between step modules that are part of the design, each with why.
 ALLOWED_STEP_EDGES = {
+    ("build", "diff"): "a build over its size budget names the packages that grew, as builder diff shows them",
     ("build", "preflight"): "before BuildKit: committed files complete, every source reachable or mirrored",
-    ("lock", "resolve"): "lock is resolve's resolution, with hashes",
+    ("publish", "audit"): "publish --max-severity runs the same vulnerability audit before any push",
 }
 
 

@@ -1,0 +1,93 @@
+"""Known vulnerabilities of an image's packages (`python -m builder audit TAG|IMAGE`), against waivers.yaml.
+
+Python packages: the package index's vulnerability data for each installed release (builder/boundary/vulndb.py),
+listed by the image itself (smoke/inventory.py). OS packages: no vulnerability database is reachable from our
+machines (Debian's security tracker and OSV are not; only the archive is), so the audit says so in one line and
+the weekly rebuild, which installs the archive's current security updates, is what refreshes them.
+Waivers and severities: builder/model/audit.py. A tag's verdict is kept in build/reports/<tag>.audit.json.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder import fsutil, log, reports
+from builder.boundary import engine, inspect, vulndb
+from builder.errors import UserError
+from builder.model import audit, paths, reference
+
+NAME = "audit"
+HELP = "known vulnerabilities of an image's packages, against waivers.yaml"
+NEEDS_MATRIX = "optional"  # a tag names its local image when a matrix is there; image references work without one
+OS_NOT_AUDITED = ("OS packages: not audited: no vulnerability database for them is reachable here (Debian's "
+                  "security tracker and OSV are not); the weekly rebuild installs the archive's security updates")
+
+
+@dataclass(frozen=True)
+class Options:
+    target: str
+    waivers: str = str(audit.DEFAULT_WAIVERS)
+    max_severity: str | None = None
+    json: str | None = None
+
+
+def add_arguments(p) -> None:
+    p.add_argument("target", metavar="TAG|IMAGE", help="a matrix tag (its local image) or an image reference")
+    p.add_argument("--waivers", default=str(audit.DEFAULT_WAIVERS), metavar="PATH",
+                   help="waivers and severities (default waivers.yaml)")
+    add_max_severity(p)
+    p.add_argument("--json", metavar="PATH", help="also write the verdict as JSON")
+
+
+def add_max_severity(p) -> None:
+    p.add_argument("--max-severity", choices=audit.LEVELS[:-1], metavar="LEVEL",
+                   help=f"fail when an unwaived vulnerability is above LEVEL ({', '.join(audit.LEVELS[:-1])}); "
+                        "one with no recorded severity counts as above critical")
+
+
+def audit_image(image, waivers_path: str, max_severity: str | None, today: dt.date | None = None) -> dict:
+    """The verdict for a local image (docker SDK Image): its packages, the index's data, the waivers."""
+    rules = audit.load(Path(waivers_path))  # a bad waivers file stops here, before any network
+    inventory = inspect.inventory(image.id)
+    packages = [(p["name"], p["version"]) for p in inventory.get("python_packages", [])]
+    verdict = audit.assess(vulndb.releases(packages), rules, today or dt.datetime.now(dt.timezone.utc).date(),
+                           max_severity)
+    return {**verdict, "image_id": image.id, "os": OS_NOT_AUDITED, "summary": audit.summary(verdict)}
+
+
+def _target(name: str, m) -> tuple[str, str | None]:
+    """(image reference, tag or None): a matrix tag names its local image; anything else is a reference."""
+    entry = next((e for e in m.entries if e.tag == name), None) if m is not None else None
+    if entry:
+        return paths.image_ref(entry), entry.tag
+    reference.check_image_name(name)
+    return name, None
+
+
+def main(options: Options, m=None) -> int:
+    ref, tag = _target(options.target, m)
+    engine.sdk()
+    image = engine.image_or_none(ref)
+    if image is None:
+        raise UserError(f"there is no local image {ref}", "build or pull it first")
+    with log.step(f"audit {ref}") as note:
+        verdict = audit_image(image, options.waivers, options.max_severity)
+        note["result"] = f"{len(verdict['findings'])} known vulnerabilities"
+    rows = [[r["package"], r["version"], r["id"], r["level"], ", ".join(r["fixed_in"]) or "—",
+             f"waived until {r['waived']['expires']}" if r["waived"] else "open"] for r in verdict["findings"]]
+    print(log.table(("package", "version", "vulnerability", "severity", "fixed in", "status"), rows) if rows
+          else "(no known vulnerabilities in the audited Python packages)")
+    for line in [f"not audited: {k} ({why})" for k, why in verdict["not_audited"].items()] + [verdict["os"]]:
+        print(line)
+    if tag:
+        reports.write(tag, NAME, verdict)
+    if options.json:
+        fsutil.write_atomic(Path(options.json), json.dumps(verdict, indent=1, sort_keys=True))
+    failed = audit.problems(verdict, options.waivers)
+    for line in failed:
+        log.info(f"error: {line}")
+    print(verdict["summary"])
+    return 1 if failed else 0

@@ -1,0 +1,113 @@
+"""The SBOM as scanners read it (SPDX 2.3 validated by spdx-tools, canonical package URLs, the OS as a package)
+and the provenance's lock check. The inventory is the real one of the CI image cu130-torch2.13-bookworm, as
+smoke/inventory.py printed it (tests/unit/data/inventory-bookworm.json)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from packageurl import PackageURL
+from spdx_tools.spdx.parser.jsonlikedict.json_like_dict_parser import JsonLikeDictParser
+from spdx_tools.spdx.validation.document_validator import validate_full_spdx_document
+
+from builder.errors import StepFailed
+from builder.model import attestations
+
+DATA = Path(__file__).parent / "data"
+DIGEST = "sha256:" + "ab" * 32
+BOOKWORM = 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\nVERSION_ID="12"\nVERSION_CODENAME=bookworm\n'
+TRIXIE = 'PRETTY_NAME="Debian GNU/Linux 13 (trixie)"\nID=debian\nVERSION_ID="13"\nVERSION_CODENAME=trixie\n'
+JAMMY = 'NAME="Ubuntu"\nVERSION_ID="22.04"\nID=ubuntu\nID_LIKE=debian\n'
+
+
+def sbom(os_release: str = BOOKWORM, inventory: dict | None = None) -> dict:
+    inventory = inventory or json.loads((DATA / "inventory-bookworm.json").read_text())
+    return attestations.sbom("cu130-torch2.13-bookworm", "ghcr.io/train-images/train", DIGEST, inventory,
+                             "2026-12-04T00:00:00Z", attestations.parse_os_release(os_release))
+
+
+def locators(doc: dict, kind: str = "") -> list[str]:
+    return [r["referenceLocator"] for p in doc["packages"] for r in p.get("externalRefs", [])
+            if r["referenceLocator"].startswith(kind)]
+
+
+def test_the_ci_image_sbom_validates_as_spdx_2_3():
+    doc = JsonLikeDictParser().parse(sbom())
+    assert validate_full_spdx_document(doc) == []
+
+
+def test_every_package_has_a_canonical_identifier():
+    doc = sbom()
+    assert all(p.get("externalRefs") for p in doc["packages"])  # image, OS, every Python and OS package
+    purls = locators(doc, "pkg:")
+    assert len(purls) == len(doc["packages"]) - 1  # all but the OS, which has a CPE
+    assert all(PackageURL.from_string(p).to_string() == p for p in purls)  # canonical: round-trips unchanged
+    python = locators(doc, "pkg:pypi/")
+    assert len(python) == 68 and all(p == p.lower() and "_" not in p.split("@")[0] for p in python)
+    assert "pkg:pypi/typing-extensions@4.16.0" in python and "pkg:pypi/huggingface-hub@2.4.0" in python
+
+
+def test_os_packages_name_their_distribution_and_the_os_is_a_package():
+    doc = sbom()
+    debs = locators(doc, "pkg:deb/")
+    assert len(debs) == 157 and all(p.startswith("pkg:deb/debian/") and "distro=debian-12" in p for p in debs)
+    assert "pkg:deb/debian/apt@2.6.1?arch=amd64&distro=debian-12" in debs
+    os_pkg = next(p for p in doc["packages"] if p.get("primaryPackagePurpose") == "OPERATING-SYSTEM")
+    assert (os_pkg["name"], os_pkg["versionInfo"]) == ("debian", "12")
+    assert os_pkg["externalRefs"][0]["referenceLocator"] == "cpe:2.3:o:debian:debian_linux:12:*:*:*:*:*:*:*"
+    contained = {r["relatedSpdxElement"] for r in doc["relationships"] if r["relationshipType"] == "CONTAINS"}
+    assert contained == {p["SPDXID"] for p in doc["packages"][1:]}
+
+
+@pytest.mark.parametrize("release,purl,cpe", [
+    (TRIXIE, "pkg:deb/debian/libc6@2.41-12?arch=amd64&distro=debian-13", "cpe:2.3:o:debian:debian_linux:13:"),
+    (JAMMY, "pkg:deb/ubuntu/libc6@2.41-12?arch=amd64&distro=ubuntu-22.04", "cpe:2.3:o:canonical:ubuntu_linux:22.04:"),
+])
+def test_distribution_comes_from_the_image_os_release(release, purl, cpe):
+    inventory = {"python_packages": [], "dpkg_packages": [{"name": "libc6", "version": "2.41-12", "arch": "amd64"}]}
+    doc = sbom(release, inventory)
+    assert locators(doc, "pkg:deb/") == [purl]
+    assert locators(doc, "cpe:")[0].startswith(cpe)
+    assert validate_full_spdx_document(JsonLikeDictParser().parse(doc)) == []
+
+
+def test_an_os_release_naming_no_distribution_is_an_error():
+    with pytest.raises(StepFailed, match="names no distribution"):
+        sbom('NAME="Something"\n')
+
+
+def test_lock_mismatches_name_each_lock():
+    inside = {"requirements.lock": "a" * 64, "torch.lock": "b" * 64}
+    assert attestations.lock_mismatches(inside, {**inside, "ops.lock": "c" * 64}, "locks/t/") == []
+    wrong = attestations.lock_mismatches(inside, {"requirements.lock": "d" * 64}, "locks/t/")
+    assert wrong == [f"requirements.lock differs: the image's is sha256:{'a' * 12}…, locks/t/requirements.lock is "
+                     f"sha256:{'d' * 12}…", "torch.lock is in the image but not in locks/t/"]
+    assert attestations.lock_mismatches({}, inside, "locks/t/") == [
+        "the image carries no lock files in /opt/train-image/locks/"]
+
+
+def test_verify_summary_counts_packages():
+    lines = attestations.summary(sbom(), None, DIGEST)
+    assert lines[-1] == "sbom: SPDX-2.3, 68 Python and 157 OS packages (debian 12) with hashes"
+
+
+def provenance(audit: dict | None) -> dict:
+    return attestations.provenance(
+        repository="ghcr.io/train-images/train", digest=DIGEST, entry={"tag": "t", "base": "debian:bookworm-slim"},
+        locks={"requirements.lock": "a" * 64}, source={"uri": "https://github.com/x/y", "revision": "abc"},
+        build={}, gate={"passed": True, "mode": "cpu"}, builder_id="local:test", started=None, finished="now",
+        audit=audit)
+
+
+def test_the_provenance_carries_the_audit_and_verify_shows_it():
+    verdict = {"audited_on": "2026-12-04", "passed": True, "max_severity": "high",
+               "summary": "audit 2026-12-04: passed; 45/68 Python packages audited, 0 known vulnerabilities"}
+    statement = provenance(verdict)
+    dep = statement["predicate"]["buildDefinition"]["resolvedDependencies"][0]
+    assert dep["uri"] == "https://github.com/x/y/blob/abc/locks/t/requirements.lock"
+    assert dep["annotations"]["read_from"] == "/opt/train-image/locks/requirements.lock in the image"
+    assert verdict["summary"] in attestations.summary(None, statement, DIGEST)
+    assert "audit: none recorded (published without --max-severity)" in attestations.summary(
+        None, provenance(None), DIGEST)
