@@ -144,23 +144,24 @@ def _pattern(regex: re.Pattern, what: str, example: str):
     return check
 
 
-def _reference(value, fail) -> str:
-    if not isinstance(value, str):
-        fail(f"expected text, got {type(value).__name__}", "write an image reference, e.g. debian:bookworm-slim")
-    why = reference.problem(value)
-    if why:
-        fail(f"{_shown(value)} is not an image reference Docker accepts: {why}",
-             "e.g. debian:bookworm-slim@sha256:<64 hex>")
-    return value
+def _docker_name(problem, what: str, example: str, fuller: str):
+    """A field checked with Docker's own reference grammar (`problem` says why a value is not one)."""
+
+    def check(value, fail) -> str:
+        if not isinstance(value, str):
+            fail(f"expected text, got {type(value).__name__}", f"write {what}, e.g. {example}")
+        why = problem(value)
+        if why:
+            fail(f"{_shown(value)} is not {what}: {why}", f"e.g. {fuller}")
+        return value
+
+    return check
 
 
-def _image_name(value, fail) -> str:
-    if not isinstance(value, str):
-        fail(f"expected text, got {type(value).__name__}", "write an image name, e.g. ghcr.io/acme/train")
-    why = reference.name_problem(value)
-    if why:
-        fail(f"{_shown(value)} is not an image name: {why}", "e.g. ghcr.io/acme/train (no tag, no digest)")
-    return value
+_reference = _docker_name(reference.problem, "an image reference Docker accepts", "debian:bookworm-slim",
+                          "debian:bookworm-slim@sha256:<64 hex>")
+_image_name = _docker_name(reference.name_problem, "an image name", "ghcr.io/acme/train",
+                           "ghcr.io/acme/train (no tag, no digest)")
 
 
 def _index_url(value, fail) -> str:
@@ -181,13 +182,24 @@ def _bool(value, fail) -> bool:
     return value
 
 
-def _labels(value, fail) -> tuple[str, ...]:
-    if not isinstance(value, list) or not value:
-        fail("expected a non-empty list of runner labels", "e.g. [self-hosted, linux, x64, gpu]")
-    for label in value:
-        if not isinstance(label, str) or not LABEL_RE.fullmatch(label):
-            fail(f"{_shown(label)} is not a runner label", "letters, digits, '.', '_' and '-' only")
-    return tuple(value)
+def _word_list(regex, what: str, example: str, allowed: str):
+    """A field holding a non-empty list of words, each matching `regex`."""
+
+    def check(value, fail) -> tuple[str, ...]:
+        if not isinstance(value, list) or not value:
+            fail(f"expected a non-empty list of {what}s", f"e.g. {example}")
+        for word in value:
+            if not isinstance(word, str) or not regex.fullmatch(word):
+                fail(f"{_shown(word)} is not a {what}", allowed)
+        return tuple(value)
+
+    return check
+
+
+_labels = _word_list(LABEL_RE, "runner label", "[self-hosted, linux, x64, gpu]",
+                     "letters, digits, '.', '_' and '-' only")
+_gpus = _word_list(GPU_RE, "GPU model", "[A100, H100] (names from compat.yaml toolchain.gpus)",
+                   "letters, digits, '_' and '-' only, e.g. H100")
 
 
 def _lock_exceptions(value, fail) -> dict:
@@ -199,15 +211,6 @@ def _lock_exceptions(value, fail) -> dict:
         if not isinstance(reason, str) or not reason.strip() or not NOTE_RE.fullmatch(reason):
             fail(f"the reason for {name} must be one line of plain text", "say why the lock cannot be complete")
     return dict(value)
-
-
-def _gpus(value, fail) -> tuple[str, ...]:
-    if not isinstance(value, list) or not value:
-        fail("expected a non-empty list of GPU models", "e.g. [A100, H100] (names from compat.yaml toolchain.gpus)")
-    for name in value:
-        if not isinstance(name, str) or not GPU_RE.fullmatch(name):
-            fail(f"{name!r} is not a GPU model name", "letters, digits, '_' and '-' only, e.g. H100")
-    return tuple(value)
 
 
 def _optional_version(value, fail):
