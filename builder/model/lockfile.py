@@ -63,7 +63,9 @@ def requirement_lines(entry: Entry) -> list[str]:
 
 
 def os_packages(entry: Entry) -> list[str]:
-    return [p.format(py=entry.python) for p in OS_PACKAGES]
+    """What apt installs into the image: OS_PACKAGES for the entry's Python, and the base OS's RDMA userspace."""
+    base = compat.base_os(entry) or {}
+    return [p.format(py=entry.python) for p in OS_PACKAGES] + list(base.get("rdma", ()))
 
 
 def lock_inputs(entry: Entry) -> str:
