@@ -7,6 +7,7 @@ serve it either (here: snapshot.debian.org is unreachable), stops with the one c
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import pytest
@@ -16,6 +17,7 @@ from tests.integration.images import CI_TAG, DOCKER
 
 BASE = "debian:bookworm-slim"
 LOCK = ROOT / "locks" / CI_TAG / "apt.lock"
+SNAPSHOT = re.search(r"^# snapshot: \S+ (\d{8}T\d{6}Z)$", LOCK.read_text(), re.M).group(1)  # the committed date
 # A deb822 source like the published debian:bookworm-slim has (the local debootstrap base has sources.list).
 DEB822 = "Types: deb\nURIs: http://deb.debian.org/debian-security\nSuites: bookworm-security\nComponents: main\n"
 
@@ -53,8 +55,8 @@ def test_a_version_gone_from_the_archive_falls_back_to_the_snapshot_then_fails_c
     extra = f"mkdir -p /etc/apt/sources.list.d && printf '{DEB822}' > /etc/apt/sources.list.d/sec.sources\n"
     proc = run_block(tmp_path, lock_text, extra)
     assert proc.returncode == 1
-    assert "retrying from snapshot http://snapshot.debian.org/archive 20261203T090000Z" in proc.stderr
-    assert "URIs: http://snapshot.debian.org/archive/debian-security/20261203T090000Z/" in proc.stdout
-    assert "http://snapshot.debian.org/archive/debian/20261203T090000Z/ bookworm main" in proc.stdout
+    assert f"retrying from snapshot http://snapshot.debian.org/archive {SNAPSHOT}" in proc.stderr
+    assert f"URIs: http://snapshot.debian.org/archive/debian-security/{SNAPSHOT}/" in proc.stdout
+    assert f"http://snapshot.debian.org/archive/debian/{SNAPSHOT}/ bookworm main" in proc.stdout
     assert ("error: neither the live apt archive nor snapshot http://snapshot.debian.org/archive/<archive>/"
-            "20261203T090000Z serves every version in apt.lock") in proc.stderr
+            f"{SNAPSHOT} serves every version in apt.lock") in proc.stderr

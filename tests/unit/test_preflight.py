@@ -108,11 +108,12 @@ def test_unreachable_index_names_pip_index_url(monkeypatch):
 def test_apt_needs_live_archive_or_snapshot():
     probe = probe_down("deb.debian.org")
     run(CI, probe=probe)  # the snapshot answers: the build's fallback will use it
-    assert "http://snapshot.debian.org/archive/debian/20261203T090000Z/" in probe.asked
+    snapshot = lockfile.snapshot((ROOT / "locks" / CI.tag / lockfile.APT_LOCK).read_text())["ts"]  # committed date
+    assert f"http://snapshot.debian.org/archive/debian/{snapshot}/" in probe.asked
     with pytest.raises(EnvironmentProblem) as exc:
         run(CI, probe=probe_down("deb.debian.org", "snapshot.debian.org"))
     assert "cannot reach the apt archive (debian): http://deb.debian.org/debian/" in exc.value.message
-    assert "http://snapshot.debian.org/archive/debian/20261203T090000Z/" in exc.value.message
+    assert f"http://snapshot.debian.org/archive/debian/{snapshot}/" in exc.value.message
     assert "--apt-mirror URL" in exc.value.message
 
 
