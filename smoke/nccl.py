@@ -110,10 +110,12 @@ def run(res, facts, mode, n_gpus, out_dir, timeout, node=None, nproc=None):
     n = nproc or (n_gpus if mode == "gpu" else 2)
     env = launch.base_env(mode)
     env["SMOKE_MODE"] = mode
-    # The process group gives up before the launcher kills it, so a missing node fails with its own error.
-    env["SMOKE_PG_TIMEOUT"] = str(max(5, int(timeout - 10)))
-    if node is not None and mode == "cpu" and "GLOO_SOCKET_IFNAME" not in os.environ:
-        del env["GLOO_SOCKET_IFNAME"]  # loopback cannot reach the other nodes; gloo picks the hostname's address
+    if node is not None:
+        # The process group (rendezvous included) gives up before the launcher kills it, so a missing
+        # node fails with its own error; one host keeps the worker's 60 s default.
+        env["SMOKE_PG_TIMEOUT"] = str(max(5, int(timeout - 10)))
+        if mode == "cpu" and "GLOO_SOCKET_IFNAME" not in os.environ:
+            del env["GLOO_SOCKET_IFNAME"]  # loopback cannot reach the other nodes; gloo uses the hostname's address
     if mode == "gpu":
         # The transport lines we parse ("via P2P/IPC") come at INFO with the default subsystems;
         # NCCL prints them to stdout, which the launcher captures in per-rank log files.
