@@ -1,4 +1,5 @@
 """python -m smoke {env,ops,compile,train,nccl,all} [--cpu] [--out DIR] [--steps N] [--only LIST] [--timeout SECONDS]
+python -m smoke nccl --nnodes N --node-rank R --master-addr HOST [--master-port P] [--nproc-per-node K]
 
 A single check runs in this process (train/nccl start their ranks from here) and writes
 DIR/<check>.json.  `all` runs each check as a child process with its own hard timeout, so
@@ -35,7 +36,25 @@ def parse_args(argv):
     p.add_argument("--timeout", type=float, default=None,
                    help="hard timeout per check in seconds (default env {env}, ops {ops}, compile {compile}, "
                         "train {train}, nccl {nccl})".format(**DEFAULT_TIMEOUTS))
+    m = p.add_argument_group("nccl across nodes (run the same command on every node; torchrun's flags)")
+    m.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1: this host only)")
+    m.add_argument("--node-rank", type=int, default=0, help="this node's index, 0..nnodes-1 (0 serves the rendezvous)")
+    m.add_argument("--master-addr", default=None, help="node 0's address, reachable from every node")
+    m.add_argument("--master-port", type=int, default=29500, help="rendezvous TCP port on node 0 (default 29500)")
+    m.add_argument("--nproc-per-node", type=int, default=None,
+                   help="ranks on this node (default: one per GPU; 2 in CPU mode)")
     return p.parse_args(argv)
+
+
+def node_layout(args):
+    """The nccl multi-node layout from the flags, or None; ValueError names the flag that is wrong."""
+    from smoke import nccl
+    if args.nproc_per_node is not None and args.nproc_per_node < 1:
+        raise ValueError(f"--nproc-per-node {args.nproc_per_node}: must be 1 or more")
+    node = nccl.node_layout(args.nnodes, args.node_rank, args.master_addr, args.master_port)
+    if node and args.check != "nccl":
+        raise ValueError(f"--nnodes {args.nnodes}: only the nccl check runs across nodes (smoke nccl --nnodes ...)")
+    return node
 
 
 def run_one(name, args, out_dir):
@@ -67,7 +86,7 @@ def run_one(name, args, out_dir):
             train.run(res, facts, mode, n_gpus, out_dir, args.steps, timeout)
         elif name == "nccl":
             from smoke import nccl
-            nccl.run(res, facts, mode, n_gpus, out_dir, timeout)
+            nccl.run(res, facts, mode, n_gpus, out_dir, timeout, node_layout(args), args.nproc_per_node)
     except Exception as e:  # a bug or a broken import must still produce a report
         import traceback
         text = traceback.format_exc()
@@ -144,6 +163,11 @@ def run_all(args, out_dir):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        node_layout(args)
+    except ValueError as e:
+        print(f"smoke: {e}", file=sys.stderr)
+        return 2
     out_dir = os.path.abspath(args.out or report.default_out_dir())
     os.makedirs(out_dir, exist_ok=True)
     if args.check == "all":

@@ -67,12 +67,28 @@ def _kill_tree(p, sig):
         pass
 
 
-def run_ranks(module, n, out_dir, name, timeout, env, args=()):
-    """Run `python -m module args` as n ranks.  Returns dict:
-    {"rcs": [..], "timed_out": bool, "logs": [paths], "first_failure": rank or None, "seconds"}.
+def rank_vars(local, n, port, node=None):
+    """The torchrun env contract for local rank `local` of n on this host.
+
+    node: None (one host, loopback rendezvous on `port`) or {"nnodes", "node_rank", "master_addr",
+    "master_port"}: this host runs global ranks node_rank*n .. node_rank*n+n-1 of nnodes*n, meeting
+    the others at master_addr:master_port (node 0's rank 0 serves the store there).
+    """
+    if node is None:
+        return dict(RANK=str(local), LOCAL_RANK=str(local), WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n),
+                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    return dict(RANK=str(node["node_rank"] * n + local), LOCAL_RANK=str(local),
+                WORLD_SIZE=str(node["nnodes"] * n), LOCAL_WORLD_SIZE=str(n),
+                GROUP_RANK=str(node["node_rank"]), MASTER_ADDR=node["master_addr"],
+                MASTER_PORT=str(node["master_port"]))
+
+
+def run_ranks(module, n, out_dir, name, timeout, env, args=(), node=None):
+    """Run `python -m module args` as n ranks on this host (node: see rank_vars).  Returns dict:
+    {"rcs": [..], "timed_out": bool, "logs": [paths], "first_failure": local rank or None, "seconds"}.
     """
     os.makedirs(out_dir, exist_ok=True)
-    port = free_port()
+    port = free_port() if node is None else None
     procs, logs, files = [], [], []
     t0 = time.monotonic()
 
@@ -86,9 +102,7 @@ def run_ranks(module, n, out_dir, name, timeout, env, args=()):
     try:
         for rank in range(n):
             e = dict(env)
-            e.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(n),
-                     LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                     SMOKE_LAUNCHER_PID=str(os.getpid()))
+            e.update(rank_vars(rank, n, port, node), SMOKE_LAUNCHER_PID=str(os.getpid()))
             log = os.path.join(out_dir, f"{name}.rank{rank}.log")
             f = open(log, "w")
             files.append(f)

@@ -10,7 +10,9 @@ import os
 import re
 import time
 
-from smoke import launch, ranks, report
+from smoke import launch, ranks, report, transport
+
+RENDEZVOUS_MARK = "SMOKE rendezvous complete"  # a rank prints it once every node has joined
 
 GPU_SIZES = [2 ** 10, 2 ** 14, 2 ** 18, 2 ** 22, 2 ** 26, 2 ** 28]  # 1 KB .. 256 MB
 CPU_SIZES = [2 ** 10, 2 ** 14, 2 ** 18, 2 ** 22]                    # 1 KB .. 4 MB
@@ -81,38 +83,90 @@ def expected_sum(n):
     return n * (n + 1) / 2
 
 
-def run(res, facts, mode, n_gpus, out_dir, timeout):
-    n = n_gpus if mode == "gpu" else 2
+def node_layout(nnodes, node_rank, master_addr, master_port):
+    """The multi-node layout for launch.rank_vars, or None for one host; ValueError names the bad flag."""
+    if nnodes < 1:
+        raise ValueError(f"--nnodes {nnodes}: must be 1 or more")
+    if not 0 <= node_rank < nnodes:
+        raise ValueError(f"--node-rank {node_rank}: must be in 0..{nnodes - 1} (--nnodes {nnodes})")
+    if nnodes == 1:
+        return None
+    if not master_addr:
+        raise ValueError("--master-addr: required with --nnodes > 1 (node 0's address, reachable from every node)")
+    if not 0 < master_port < 65536:
+        raise ValueError(f"--master-port {master_port}: must be a TCP port (1-65535), the same on every node")
+    return {"nnodes": nnodes, "node_rank": node_rank, "master_addr": master_addr, "master_port": master_port}
+
+
+def rdma_devices(root="/sys/class/infiniband"):
+    """RDMA devices the kernel exposes to this container (IB, RoCE and EFA all appear here)."""
+    try:
+        return sorted(os.listdir(root))
+    except OSError:
+        return []
+
+
+def run(res, facts, mode, n_gpus, out_dir, timeout, node=None, nproc=None):
+    n = nproc or (n_gpus if mode == "gpu" else 2)
     env = launch.base_env(mode)
     env["SMOKE_MODE"] = mode
+    if node is not None:
+        # The process group (rendezvous included) gives up before the launcher kills it, so a missing
+        # node fails with its own error; one host keeps the worker's 60 s default.
+        env["SMOKE_PG_TIMEOUT"] = str(max(5, int(timeout - 10)))
+        if mode == "cpu" and "GLOO_SOCKET_IFNAME" not in os.environ:
+            del env["GLOO_SOCKET_IFNAME"]  # loopback cannot reach the other nodes; gloo uses the hostname's address
     if mode == "gpu":
         # The transport lines we parse ("via P2P/IPC") come at INFO with the default subsystems;
         # NCCL prints them to stdout, which the launcher captures in per-rank log files.
         env["NCCL_DEBUG"] = "INFO"
     else:
         env.setdefault("OMP_NUM_THREADS", "1")
-    res.figures["ranks"] = n
+    nnodes = node["nnodes"] if node else 1
+    world = n * nnodes
+    res.figures.update(ranks=world, world_size=world, nnodes=nnodes, nproc_per_node=n,
+                       node_rank=node["node_rank"] if node else 0,
+                       master="{master_addr}:{master_port}".format(**node) if node else None)
     res.figures["backend"] = "nccl" if mode == "gpu" else "gloo"
-    r, data = ranks.run_job("smoke.nccl", n, out_dir, "nccl", timeout, env)
+    r, data = ranks.run_job("smoke.nccl", n, out_dir, "nccl", timeout, env, node=node)
     res.items.extend(data.get("items", []))
     res.figures.update(data.get("figures", {}))
     res.figures["logs"] = r["logs"]
     logs = launch.read_logs(r["logs"])
+    if node:
+        check_rendezvous(res, logs, node, timeout)
     ok = ranks.record_exit(res, r, data, timeout)
     if mode == "gpu":
-        check_transport(res, logs, n)
-        check_busbw(res, n)
+        check_transport(res, logs, world, node)
+        check_busbw(res, world)
     if not ok or not data or any(i["ok"] is False for i in res.items):
         ranks.explain_failure(res, r, logs=logs)
-    summarise(res, mode, n)
+    summarise(res, mode, world, nnodes)
 
 
-def check_transport(res, logs, n):
-    """What NCCL connected the GPUs with; with 2+ ranks, a channel over TCP fails the check."""
+def check_rendezvous(res, logs, node, timeout):
+    """Every node joined the group: the one item that tells a missing or late node from a failed collective."""
+    joined = RENDEZVOUS_MARK in logs
+    res.add(f"all {node['nnodes']} nodes joined", joined,
+            "rendezvous at {master_addr}:{master_port} complete".format(**node) if joined else
+            "no rendezvous at {}:{} within {:.0f}s: a node is missing or late (start all {} with the same "
+            "--master-addr/--master-port; node 0 serves it)".format(node["master_addr"], node["master_port"],
+                                                                      timeout, node["nnodes"]))
+
+
+def check_transport(res, logs, n, node=None):
+    """What NCCL connected the GPUs with.  One host, 2+ ranks: a channel over TCP fails.  Across nodes:
+    sockets fail only where this host has RDMA devices (transport.diagnose)."""
     tp = parse_transports(logs)
     res.figures.update(nccl_transports=tp["transports"], nccl_network=tp["network"],
                        nccl_runtime_version=tp["version"], nccl_init_complete=tp["init_complete"])
-    if n > 1:
+    if node:
+        d = transport.diagnose(logs, rdma_devices())
+        res.figures.update(nccl_inter_node=d["fabric"], rdma_devices=d["rdma_devices"])
+        res.add("inter-node transport", d["ok"], d["line"])
+        if not d["ok"]:
+            res.hint(d["line"])
+    elif n > 1:
         res.add("no TCP fallback (NET/Socket)", not tp["tcp_fallback"],
                 "transports %s" % (tp["transports"] or "none parsed"))
         if tp["tcp_fallback"]:
@@ -132,11 +186,12 @@ def check_busbw(res, n):
                     "{:.1f} GB/s vs floor {:.1f} ({})".format(big["busbw_gbps"], floor, src))
 
 
-def summarise(res, mode, n):
+def summarise(res, mode, n, nnodes=1):
     big = res.figures.get("largest")
     if big:
         via = ",".join(res.figures.get("nccl_transports") or {})
-        res.summary = (f"{n} ranks {res.figures['backend']}, {len(res.figures.get('sizes', []))} sizes exact, "
+        where = f" on {nnodes} nodes" if nnodes > 1 else ""
+        res.summary = (f"{n} ranks{where} {res.figures['backend']}, {len(res.figures.get('sizes', []))} sizes exact, "
                        f"{big['bytes'] // 2 ** 20} MB busbw {big['busbw_gbps'] or 0.0:.2f} GB/s"
                        + ("" if mode == "gpu" else " (CPU: not gated)") + (f", via {via}" if via else ""))
 
@@ -150,6 +205,7 @@ def worker():
 
     rank, n, local, gpu = ranks.rank_env()
     dev = join_group(gpu, local)
+    print(f"{RENDEZVOUS_MARK}: rank {rank} of {n}", flush=True)
     res = report.Result("nccl", "gpu" if gpu else "cpu")
     res.figures["sizes"] = []
     reps = (5, 20) if gpu else (2, 5)  # (warm-up, timed) all-reduces per size
@@ -161,17 +217,19 @@ def worker():
     res.figures["largest"] = res.figures["sizes"][-1]
     if gpu:
         res.figures["gpu_name"] = torch.cuda.get_device_name(dev)
-    ranks.finish(dist, rank, res)
+    # Each node's local rank 0 writes: every figure is already reduced over all ranks of all nodes.
+    ranks.finish(dist, local, res)
 
 
 def join_group(gpu, local):
-    """This rank's device, in an NCCL (GPU) or gloo (CPU) process group with a 60 s timeout."""
+    """This rank's device, in an NCCL (GPU) or gloo (CPU) process group; the timeout (SMOKE_PG_TIMEOUT,
+    default 60 s) also bounds the env:// rendezvous, so a missing node ends it with an error."""
     import datetime
 
     import torch
     import torch.distributed as dist
 
-    timeout = datetime.timedelta(seconds=60)
+    timeout = datetime.timedelta(seconds=float(os.environ.get("SMOKE_PG_TIMEOUT", "60")))
     if not gpu:
         dist.init_process_group("gloo", timeout=timeout)
         return torch.device("cpu")

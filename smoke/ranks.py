@@ -13,12 +13,13 @@ from smoke import launch, report
 
 # ----------------------------------------------------------------------------- parent side
 
-def run_job(module, n, out_dir, job, timeout, env):
-    """Run `python -m module` as n ranks; returns (launcher result, rank 0's {"items", "figures"} or {})."""
+def run_job(module, n, out_dir, job, timeout, env, node=None):
+    """Run `python -m module` as n ranks (on this node of a multi-node job when node is given: see
+    launch.rank_vars); returns (launcher result, local rank 0's {"items", "figures"} or {})."""
     path = os.path.join(out_dir, f".{job}.rank0.json")
     if os.path.exists(path):
         os.remove(path)  # a result left by an earlier run must not pass for this one's
-    r = launch.run_ranks(module, n, out_dir, job, timeout, dict(env, SMOKE_RESULT=path))
+    r = launch.run_ranks(module, n, out_dir, job, timeout, dict(env, SMOKE_RESULT=path), node=node)
     return r, report.read_json(path) or {}
 
 
