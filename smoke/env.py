@@ -271,6 +271,19 @@ def check_flash_attn(res, facts, mode):
         return _err(res, "flash-attn fwd+bwd", e)
 
 
+def check_transports(res):
+    """Which transports NCCL can load between nodes: without rdma-core only sockets (the silent TCP fallback)."""
+    from smoke import transport
+
+    found, missing, devices = transport.loadable_transports()
+    res.figures["nccl_transports"] = found
+    res.figures["rdma_devices"] = devices
+    detail = ", ".join(found) + f"; RDMA devices here: {', '.join(devices) or 'none'}"
+    if missing:
+        detail += f"; missing {', '.join(missing)}: NCCL can only use sockets between nodes (install rdma-core)"
+    return res.add("NCCL transports loadable", not missing, detail)
+
+
 def run(res, facts, mode):
     res.figures["facts"] = F.facts_path()
     res.figures["python"] = "{}.{}.{}".format(*sys.version_info[:3])
@@ -279,7 +292,7 @@ def run(res, facts, mode):
         res.add("python version", res.figures["python"].startswith(want_py + ".") or
                 res.figures["python"] == want_py, "{} (facts {})".format(res.figures["python"], want_py))
     check_packages(res, facts)
-    for fn in (check_pynvml, check_single_torch, check_shm):
+    for fn in (check_pynvml, check_single_torch, check_shm, check_transports):
         try:
             fn(res)
         except Exception as e:

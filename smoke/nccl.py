@@ -98,14 +98,6 @@ def node_layout(nnodes, node_rank, master_addr, master_port):
     return {"nnodes": nnodes, "node_rank": node_rank, "master_addr": master_addr, "master_port": master_port}
 
 
-def rdma_devices(root="/sys/class/infiniband"):
-    """RDMA devices the kernel exposes to this container (IB, RoCE and EFA all appear here)."""
-    try:
-        return sorted(os.listdir(root))
-    except OSError:
-        return []
-
-
 def run(res, facts, mode, n_gpus, out_dir, timeout, node=None, nproc=None):
     n = nproc or (n_gpus if mode == "gpu" else 2)
     env = launch.base_env(mode)
@@ -161,7 +153,7 @@ def check_transport(res, logs, n, node=None):
     res.figures.update(nccl_transports=tp["transports"], nccl_network=tp["network"],
                        nccl_runtime_version=tp["version"], nccl_init_complete=tp["init_complete"])
     if node:
-        d = transport.diagnose(logs, rdma_devices())
+        d = transport.diagnose(logs, transport.rdma_devices())
         res.figures.update(nccl_inter_node=d["fabric"], rdma_devices=d["rdma_devices"])
         res.add("inter-node transport", d["ok"], d["line"])
         if not d["ok"]:

@@ -7,6 +7,7 @@ NCCL names its network in three places: the plugin/device line ("NET/IB : Using 
 while the host has RDMA devices (IB, RoCE, EFA) is the silent TCP fallback: 2-40x slower, no error.
 """
 
+import os
 import re
 
 _CHANNEL = re.compile(r"via NET/([A-Za-z][\w ]*?)(?:/\d|\s*$)", re.M)  # names may hold spaces
@@ -69,3 +70,31 @@ def _verdict(fabric, channels, devs, intra):
     if fabric == "Socket":
         return True, "between nodes via sockets (TCP); no RDMA device on this host, so nothing faster to use"
     return True, f"between nodes via {fabric}" + (f" ({', '.join(devs)})" if devs else "")
+
+
+def rdma_devices(root="/sys/class/infiniband"):
+    """RDMA devices the kernel exposes to this container (IB, RoCE and EFA all appear here)."""
+    try:
+        return sorted(os.listdir(root))
+    except OSError:
+        return []
+
+
+# What NCCL dlopens for its IB/RoCE transport (ibvwrap: libibverbs.so, then .so.1; the providers plug into it).
+VERBS_LIBS = ("libibverbs.so.1", "librdmacm.so.1")
+
+
+def loadable_transports(load=None, devices=None):
+    """(transports NCCL can use here, missing libraries): sockets always; IB verbs when rdma-core loads.
+    Needs no GPU: it is what the image carries, judged before any node is joined."""
+    import ctypes
+
+    load = load or ctypes.CDLL
+    missing = []
+    for name in VERBS_LIBS:
+        try:
+            load(name)
+        except OSError:
+            missing.append(name)
+    found = ["sockets"] + ([] if missing else ["IB verbs (IB/RoCE)"])
+    return found, missing, rdma_devices() if devices is None else devices

@@ -61,3 +61,27 @@ def test_roce_log_with_a_socket_channel_fails():
 def test_empty_log_is_one_node_with_nothing_parsed():
     d = transport.diagnose("")
     assert d["fabric"] is None and d["ok"] and "no channel lines" in d["line"]
+
+
+def test_transports_loadable_without_a_gpu_name_what_is_missing():
+    """The env check judges the image, not the fabric: rdma-core loads → IB verbs; without it, sockets only."""
+    from smoke import transport
+
+    def missing_verbs(name):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    found, missing, devices = transport.loadable_transports(load=lambda name: None, devices=["mlx5_0"])
+    assert found == ["sockets", "IB verbs (IB/RoCE)"] and missing == [] and devices == ["mlx5_0"]
+    found, missing, _ = transport.loadable_transports(load=missing_verbs, devices=[])
+    assert found == ["sockets"] and missing == list(transport.VERBS_LIBS)
+
+
+def test_env_reports_the_socket_only_fallback_as_a_failure(monkeypatch):
+    from smoke import env, report, transport
+
+    monkeypatch.setattr(transport, "loadable_transports", lambda: (["sockets"], ["libibverbs.so.1"], []))
+    res = report.Result("env", "cpu")
+    env.check_transports(res)
+    (item,) = res.items
+    assert item["name"] == "NCCL transports loadable" and item["ok"] is False
+    assert "NCCL can only use sockets between nodes" in item["detail"]
