@@ -26,8 +26,7 @@ class Container:
 
     def logs(self, stdout=True, stderr=True, stream=False, follow=False):
         assert stream and follow, "the output must be followed, not fetched at the end"
-        for chunk in self.chunks:
-            yield chunk
+        yield from self.chunks
         if self.hang:
             self.killed.wait(5)  # a follow stream ends when the container dies
         self.read_all.set()

@@ -40,3 +40,21 @@ def test_gate_children_run_offline_without_the_image_saying_so(monkeypatch):
         assert env["HF_HUB_OFFLINE"] == "1" and env["TRANSFORMERS_OFFLINE"] == "1"
     assert "HF_HUB_OFFLINE" not in os.environ  # the gate's setting stays in its children's env
 
+
+
+def test_gate_caches_go_to_the_temp_dir_only_when_home_is_not_writable(monkeypatch, tmp_path):
+    for name in ("XDG_CACHE_HOME", "TRITON_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(launch.tempfile, "tempdir", None)  # gettempdir() reads TMPDIR afresh
+    monkeypatch.setenv("HOME", str(tmp_path / "no-such-home"))  # HOME=/ of an arbitrary UID: not writable
+    env = launch.base_env("cpu")
+    root = str(tmp_path / f"smoke-home-{os.getuid()}")
+    assert (env["XDG_CACHE_HOME"], env["TRITON_HOME"]) == (root + "/.cache", root)
+    assert "XDG_CACHE_HOME" not in os.environ  # the gate's choice, in its children only
+    monkeypatch.setenv("XDG_CACHE_HOME", "/data/cache")
+    assert launch.base_env("cpu")["XDG_CACHE_HOME"] == "/data/cache", "a user's own setting wins"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path))  # a writable HOME: every cache keeps its usual place
+    env = launch.base_env("gpu")
+    assert "XDG_CACHE_HOME" not in env and "TRITON_HOME" not in env
