@@ -18,6 +18,11 @@ def info(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def output(line: str, secrets: Sequence[str] = ()) -> None:
+    """One line of a command's or container's output as it arrives: indented under its command, masked."""
+    info("  " + errors.mask(line.rstrip(), secrets))
+
+
 def command_line(argv: Sequence[str], secrets: Sequence[str] = ()) -> str:
     """A command as a shell would read it, with the secret values and any URL credentials masked."""
     return errors.mask(shlex.join(str(a) for a in argv), secrets)

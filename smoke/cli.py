@@ -61,6 +61,7 @@ def run_one(name, args, out_dir):
     """Run one check in this process; returns its result dict (also written to DIR/name.json)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub, even by accident
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    launch.writable_caches(os.environ)  # `smoke env` run by hand as an arbitrary UID, not only under `all`
     mode, n_gpus = launch.detect_mode(args.cpu)
     if mode == "cpu":
         os.environ["DS_ACCELERATOR"] = "cpu"  # DeepSpeed must not probe for CUDA in CPU mode

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 
@@ -37,9 +38,23 @@ def detect_mode(force_cpu):
     return "cpu", 0
 
 
+def writable_caches(env):
+    """Give the gate's own caches a writable place when HOME is not (an arbitrary UID with no passwd entry gets
+    HOME=/, OpenShift style; a read-only root file system): DeepSpeed's JIT-built ops (torch_extensions),
+    Hugging Face and pip all default to $XDG_CACHE_HOME or ~/.cache, triton to ~/.triton. Inductor already uses
+    the temp dir. Only for the gate's processes; what a user sets wins. Returns env, changed in place."""
+    home = env.get("HOME") or os.path.expanduser("~")
+    if os.access(home, os.W_OK):
+        return env
+    root = os.path.join(tempfile.gettempdir(), f"smoke-home-{os.getuid()}")
+    env.setdefault("XDG_CACHE_HOME", os.path.join(root, ".cache"))
+    env.setdefault("TRITON_HOME", root)
+    return env
+
+
 def base_env(mode):
-    """Environment every smoke process needs: offline, fail-fast collectives."""
-    env = dict(os.environ)
+    """Environment every smoke process needs: offline, writable caches, fail-fast collectives."""
+    env = writable_caches(dict(os.environ))
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
     env.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")

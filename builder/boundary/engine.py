@@ -11,7 +11,8 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -119,8 +120,10 @@ def image_or_none(ref: str):
 
 def run_container(image: str, command: list[str], *, timeout: int, network: str = "none",
                   volumes: dict | None = None, environment: dict | None = None, gpus: bool = False,
-                  shm_size: str | None = None) -> tuple[int, str]:
-    """Run a container to completion (killed after `timeout` s); return (exit code, combined logs)."""
+                  shm_size: str | None = None, on_line: Callable[[str], None] | None = None) -> tuple[int, str]:
+    """Run a container to completion (killed after `timeout` s); return (exit code, combined logs).
+
+    With `on_line`, each line of output goes to it as the container prints it (a long gate is not silent)."""
     import docker
     from requests.exceptions import ConnectionError as RequestsConnectionError
     from requests.exceptions import ReadTimeout
@@ -139,12 +142,52 @@ def run_container(image: str, command: list[str], *, timeout: int, network: str 
     except docker.errors.APIError as exc:
         raise EnvironmentProblem(f"cannot start a container of {image}: {exc.explanation or exc}") from None
     try:
+        follower = _Follower(container, on_line) if on_line else None
         try:
             status = container.wait(timeout=timeout)["StatusCode"]
         except (ReadTimeout, RequestsConnectionError):
             container.kill()
             status = 124
-        logs = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
+        streamed = follower.finish() if follower else None
+        # What the stream collected is the whole output unless it broke off; then ask for it all once more.
+        logs = streamed if streamed is not None else container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
         return status, logs
     finally:
         container.remove(force=True)
+
+
+def lines_of(chunks: Iterable[bytes]) -> Iterator[str]:
+    """Whole lines from the byte chunks a log stream yields (a chunk may hold part of a line, or several)."""
+    pending = b""
+    for chunk in chunks:
+        pending += chunk
+        *whole, pending = pending.split(b"\n")
+        for line in whole:
+            yield line.decode("utf-8", "replace") + "\n"
+    if pending:
+        yield pending.decode("utf-8", "replace")
+
+
+class _Follower:
+    """Follows a running container's output in a thread (the wait for its exit holds the caller's), hands
+    each line to `on_line` and keeps them all for the report."""
+
+    def __init__(self, container, on_line: Callable[[str], None]):
+        self.lines: list[str] = []
+        self.broken = False
+        self._container, self._on_line = container, on_line
+        self._thread = threading.Thread(target=self._follow, daemon=True)
+        self._thread.start()
+
+    def _follow(self) -> None:
+        try:
+            for line in lines_of(self._container.logs(stdout=True, stderr=True, stream=True, follow=True)):
+                self.lines.append(line)
+                self._on_line(line.rstrip("\n"))
+        except Exception:  # the engine dropped the stream: the caller reads the logs whole instead
+            self.broken = True
+
+    def finish(self) -> str | None:
+        """The collected output once the stream has ended (the container has exited), or None if it broke."""
+        self._thread.join(timeout=30)
+        return None if self.broken or self._thread.is_alive() else "".join(self.lines)

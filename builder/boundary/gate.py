@@ -14,6 +14,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from builder import log
 from builder.boundary import engine
 from builder.errors import UserError
 from builder.model import schemas
@@ -38,11 +39,12 @@ def run_gate(image_ref: str, gpus: bool, timeout: int = CHECK_TIMEOUT, shm_size:
             command.append("--cpu")
         if only:
             command += ["--only", only]
+        # Each check's line shows as the container prints it (the gate takes minutes; it is not silent).
         # Five checks, each bounded by `timeout` inside; the outer limit only catches a wedged container.
         code, logs = engine.run_container(
             image.id, command, timeout=5 * timeout + 120, network="none", gpus=gpus, shm_size=shm_size,
             volumes={str(out_dir): {"bind": "/smoke-out", "mode": "rw"}},
-            environment={"HF_HUB_OFFLINE": "1"},
+            environment={"HF_HUB_OFFLINE": "1"}, on_line=log.output,
         )
         result, per_check, broken = read_gate_output(out_dir)
     finally:

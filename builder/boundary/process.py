@@ -113,7 +113,7 @@ def _follow(proc: subprocess.Popen, input: str | None, timeout: float | None,
 def _pump(stream, lines: list[str], secrets: Sequence[str]) -> None:
     for line in stream:
         lines.append(line)
-        log.info("  " + mask(line.rstrip(), secrets))
+        log.output(line, secrets)
 
 
 def _stop(proc: subprocess.Popen) -> None:

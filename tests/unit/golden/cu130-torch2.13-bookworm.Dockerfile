@@ -201,8 +201,7 @@ FROM python AS runtime
 COPY image.json /opt/train-image/image.json
 COPY smoke/ /opt/train-image/smoke/
 RUN install -m 0755 /opt/train-image/smoke/bin/smoke /usr/local/bin/smoke
-ENV HF_HUB_OFFLINE=1 \
-    TRAIN_IMAGE_FACTS=/opt/train-image/image.json \
+ENV TRAIN_IMAGE_FACTS=/opt/train-image/image.json \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     NVIDIA_REQUIRE_CUDA="cuda>=13.0"

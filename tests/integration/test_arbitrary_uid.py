@@ -1,0 +1,42 @@
+"""The image as OpenShift and hardened Kubernetes run it: an arbitrary UID with no passwd entry (HOME=/), a
+read-only root file system, a writable /tmp. `smoke env` and `smoke compile` pass there, and the gate's caches
+(Hugging Face, DeepSpeed's JIT ops, triton, pip) land under /tmp. The whole gate is not run this way here: its
+train check JIT-builds DeepSpeed's CPU ops for minutes on CI's 2 cores (issue 21 follow-up)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.integration.images import CI_TAG, DOCKER
+
+pytestmark = pytest.mark.docker
+IMAGE = f"ghcr.io/train-images/train:{CI_TAG}"
+HARDENED = ["--rm", "--network", "none", "--user", "12345:0", "--read-only", "--tmpfs", "/tmp:exec",
+            "--shm-size", "1g"]
+# The caches the gate's processes resolve (smoke.launch.base_env), printed one per line as NAME=PATH.
+CACHES = ("import os, sys; sys.path.insert(0, '/opt/train-image'); from smoke import launch; "
+          "os.environ.update(launch.base_env('cpu')); "
+          "from huggingface_hub import constants; import torch.utils.cpp_extension as ext; from triton import knobs; "
+          "print(f'hf={constants.HF_HOME}'); print(f'torch_extensions={ext.get_default_build_root()}'); "
+          "print(f'triton={knobs.cache.dir}')")
+
+
+def hardened(*command: str) -> subprocess.CompletedProcess:
+    return subprocess.run([DOCKER, "run", *HARDENED, IMAGE, *command], capture_output=True, text=True, timeout=240)
+
+
+def test_env_and_compile_pass_as_an_arbitrary_uid_on_a_read_only_root(ci_build):
+    for check in ("env", "compile"):
+        proc = hardened("smoke", check, "--cpu")
+        assert proc.returncode == 0, f"smoke {check} as UID 12345, read-only root:\n{proc.stdout}{proc.stderr}"
+        assert proc.stdout.startswith(f"✓ {check} [cpu]"), proc.stdout
+
+
+def test_the_gates_caches_go_to_tmp_when_home_is_not_writable(ci_build):
+    proc = hardened("python", "-c", CACHES)
+    assert proc.returncode == 0, proc.stderr
+    caches = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
+    assert set(caches) == {"hf", "torch_extensions", "triton"}, proc.stdout
+    assert all(path.startswith("/tmp/smoke-home-12345/") for path in caches.values()), caches
