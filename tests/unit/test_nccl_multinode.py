@@ -2,7 +2,7 @@
 
 import pytest
 
-from smoke import cli, launch, nccl, report
+from smoke import cli, launch, nccl, report, transport
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -46,5 +46,5 @@ def test_rendezvous_item_tells_a_missing_node_from_a_joined_one():
 def test_rdma_devices_are_read_from_sysfs(tmp_path):
     (tmp_path / "mlx5_1").mkdir()
     (tmp_path / "mlx5_0").mkdir()
-    assert nccl.rdma_devices(str(tmp_path)) == ["mlx5_0", "mlx5_1"]
-    assert nccl.rdma_devices(str(tmp_path / "absent")) == []
+    assert transport.rdma_devices(str(tmp_path)) == ["mlx5_0", "mlx5_1"]
+    assert transport.rdma_devices(str(tmp_path / "absent")) == []
