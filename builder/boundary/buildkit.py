@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import builder
+from builder import log
 from builder.boundary import baseimage, engine, git
 from builder.model import context, paths
 from builder.model.inputs import Inputs
@@ -153,11 +154,22 @@ def argv(spec: BuildSpec, secrets: Mapping[str, str], image_labels: Mapping[str,
     return out + ["-f", str(spec.context / "Dockerfile"), str(spec.context)]
 
 
+# BuildKit sometimes loses the client's session (the secrets and the context live there) on a loaded machine:
+# a transient of BuildKit itself (https://github.com/moby/buildkit/issues/6422), not of the inputs.
+SESSION_LOST = re.compile(r"no active session for \S+: context deadline exceeded")
+
+
 def run(spec: BuildSpec, image_labels: Mapping[str, str], inputs: Inputs) -> tuple[int, str, str]:
-    """Run the build; returns (exit code, combined output, the command as shown), secrets masked in all three."""
-    with secret_files(inputs) as secrets:
-        proc = engine.run_cli(argv(spec, secrets, image_labels), mask=tuple(inputs.secret_values))
-    return proc.returncode, proc.stdout, proc.shown
+    """Run the build; returns (exit code, combined output, the command as shown), secrets masked in all three.
+    A build that failed only because BuildKit lost its session is run once more, and says so."""
+    for attempt in (1, 2):
+        with secret_files(inputs) as secrets:
+            proc = engine.run_cli(argv(spec, secrets, image_labels), mask=tuple(inputs.secret_values))
+        if proc.returncode == 0 or attempt == 2 or not SESSION_LOST.search(proc.stdout):
+            return proc.returncode, proc.stdout, proc.shown
+        log.info("warning: BuildKit lost this build's client session (a known transient under load, "
+                 "moby/buildkit#6422): building once more")
+    raise AssertionError("unreachable")
 
 
 DISK_FULL_HINT = ("free space where the Docker engine keeps its data (`docker info -f '{{.DockerRootDir}}'`): "

@@ -145,3 +145,36 @@ def test_no_engine_is_exit_3_with_how_to_start(project, monkeypatch, capsys):
 
 def test_build_without_tags_is_a_user_error(project, capsys):
     assert run_cli("build") == 2 and "pass --all" in capsys.readouterr().err
+
+
+def test_a_build_that_lost_its_buildkit_session_runs_once_more(monkeypatch, tmp_path, capsys):
+    """moby/buildkit#6422: on a loaded machine BuildKit can lose the client session mid-build; one retry, said."""
+    from types import SimpleNamespace
+
+    outputs = iter([(1, "#22 ERROR: no active session for x1u2: context deadline exceeded\n"), (0, "done\n")])
+    calls = []
+
+    def run_cli(argv, mask=()):
+        calls.append(argv)
+        code, out = next(outputs)
+        return SimpleNamespace(returncode=code, stdout=out, shown="docker build …")
+
+    monkeypatch.setattr(engine, "client", lambda: engine.Client("/usr/bin/docker", "legacy"))
+    monkeypatch.setattr(engine, "run_cli", run_cli)
+    code, output, _ = buildkit.run(_spec(tmp_path), {}, Inputs())
+    assert (code, output, len(calls)) == (0, "done\n", 2)
+    assert "lost this build's client session" in capsys.readouterr().err
+
+
+def test_any_other_build_failure_is_not_retried(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    calls = []
+
+    def run_cli(argv, mask=()):
+        calls.append(argv)
+        return SimpleNamespace(returncode=1, stdout="E: Unable to locate package nope\n", shown="docker build …")
+
+    monkeypatch.setattr(engine, "client", lambda: engine.Client("/usr/bin/docker", "legacy"))
+    monkeypatch.setattr(engine, "run_cli", run_cli)
+    assert buildkit.run(_spec(tmp_path), {}, Inputs())[0] == 1 and len(calls) == 1
