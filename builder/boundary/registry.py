@@ -194,8 +194,8 @@ def _bearer(challenge: str, creds: tuple[str, str] | None) -> str:
     if parts.scheme not in ("https", "http") or not parts.hostname or (parts.scheme == "http" and not local):
         raise BadAnswer(f"registry asks for token auth with an unusable realm {realm[:100]!r}",
                         "a token service must be HTTPS (plain HTTP only on loopback)")
-    resp = _send(f"{realm}{'&' if parts.query else '?'}{urllib.parse.urlencode(params)}",
-                 {"Authorization": _basic(creds)} if creds else {}, method="GET")
+    resp = _send(f"{realm}{'&' if parts.query else '?'}{urllib.parse.urlencode(params)}", "GET",
+                 {"Authorization": _basic(creds)} if creds else {})
     if resp.status != 200:
         raise StepFailed(f"token service {_origin(realm)} refused ({resp.status})",
                          "check `docker login` for this registry")
