@@ -145,3 +145,13 @@ def test_no_engine_is_exit_3_with_how_to_start(project, monkeypatch, capsys):
 
 def test_build_without_tags_is_a_user_error(project, capsys):
     assert run_cli("build") == 2 and "pass --all" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("ref", ["ghcr.io/acme/cache:t,type=local,dest=/tmp/x", "ghcr.io/acme/cache@sha256:" + "a" * 64,
+                                 "Ghcr.io/ACME/Cache", "cache ref", ""])
+def test_a_cache_ref_that_is_not_a_plain_reference_is_exit_2_before_any_engine(project, capsys, ref):
+    """`--cache-ref` lands inside `--cache-from type=registry,ref=…`: a comma would smuggle in cache options."""
+    assert run_cli("build", "cu130-torch2.13-bookworm", "--cache-ref", ref) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --cache-ref") and "Traceback" not in err
+    assert [line.split(":")[0] for line in err.strip().splitlines()] == ["error", "hint"]
