@@ -291,3 +291,32 @@ def test_a_registry_that_stalls_ends_as_a_retryable_failure(servers, monkeypatch
     with pytest.raises(registry.Transient) as err:
         registry.manifest_digest(registry.Repository(home.host, "t"), "v1")
     assert "does not answer" in one_line(err.value, 1)
+
+
+# --- and a real registry still works -------------------------------------------------------------------------
+
+
+def test_the_client_round_trips_with_a_real_distribution_registry(servers, tmp_path, login):
+    """distribution 2.8 with htpasswd auth (no Docker engine): blob upload to the Location it gives, manifest,
+    labels, descriptor, a referrer through the fallback tag, and 404 as None."""
+    from tests.integration.registry_fixture import Registry
+
+    reg = Registry(tmp_path / "reg", users={USER: PASSWORD}).start()
+    try:
+        repo, config = registry.Repository(reg.host, "team/train"), login(reg.host)
+        image_config = json.dumps({"config": {"Labels": {"k": "v"}}}).encode()
+        manifest = json.dumps({"schemaVersion": 2, "mediaType": registry.OCI_MANIFEST, "layers": [], "config": {
+            "mediaType": "application/vnd.oci.image.config.v1+json", "size": len(image_config),
+            "digest": registry.put_blob(repo, image_config, config)}}).encode()
+        digest = registry.put_manifest(repo, "v1", manifest, registry.OCI_MANIFEST, config)
+        assert digest == sha(manifest) == registry.manifest_digest(repo, "v1", config) == reg.digest(
+            "team/train", "v1", USER)
+        assert registry.config_labels(repo, "v1", config) == {"k": "v"}
+        subject = registry.descriptor(repo, digest, config)
+        assert subject == {"mediaType": registry.OCI_MANIFEST, "digest": digest, "size": len(manifest)}
+        registry.push_referrer(repo, subject, "application/x-test", b"payload", {"a": "b"}, config)
+        [found] = registry.referrers(repo, digest, config)
+        assert registry.referrer_payload(repo, found, digest, config) == b"payload"
+        assert registry.manifest_digest(repo, "absent", config) is None
+    finally:
+        reg.stop()
