@@ -192,6 +192,27 @@ def test_a_401_from_another_host_is_not_answered_with_our_credentials(servers, l
     assert store.auth_headers() == [None]
 
 
+def test_matrix_changed_against_a_redirecting_registry_leaks_nothing(servers, login, project, monkeypatch, capsys):
+    """The command the issue caught leaking: every entry's manifest read is redirected to another host,
+    which sends an endless body. Credentials stay home; each entry is planned, with one line saying why."""
+    from tests.conftest import run_cli
+
+    cdn = servers("127.0.0.2", _endless)
+
+    def reg(h, _s):
+        if h.headers.get("Authorization") != BASIC:
+            return reply(h, 401, headers={"WWW-Authenticate": 'Basic realm="r"'})
+        reply(h, 307, headers={"Location": f"http://{cdn.host}/m"})
+
+    home = servers("127.0.0.1", reg)
+    monkeypatch.setenv("DOCKER_CONFIG", str(login(home.host)))
+    assert run_cli("matrix", "--all", "--changed-against", home.host) == 0
+    captured = capsys.readouterr()
+    assert cdn.seen and set(cdn.auth_headers()) == {None}
+    assert BASIC in home.auth_headers()
+    assert "more than 64 MiB" in captured.err and "Traceback" not in captured.err
+
+
 # --- lies about digests -----------------------------------------------------------------------------------
 
 
