@@ -14,13 +14,11 @@ import hashlib
 import json
 import os
 import re
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.boundary import process
+from builder.boundary import process, web
 from builder.errors import EnvironmentProblem, StepFailed, UserError
 from builder.model.reference import PATH_COMPONENT
 
@@ -88,19 +86,39 @@ def credentials(host: str, config: Path | None = None) -> tuple[str, str] | None
     path = (config or config_dir()) / "config.json"
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except OSError:
         return None
-    helper = (data.get("credHelpers") or {}).get(host) or data.get("credsStore")
-    if helper:
+    except ValueError:
+        raise UserError(f"{path} is not JSON", f"fix it, or run `docker login {host}` again") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path} is not a JSON object", f"fix it, or run `docker login {host}` again")
+    helper = _get(data, "credHelpers").get(host) or data.get("credsStore")
+    if isinstance(helper, str) and helper:
         found = _from_helper(helper, host)
         if found:
             return found
     for key in (host, f"https://{host}", f"http://{host}", f"https://{host}/v1/"):
-        auth = ((data.get("auths") or {}).get(key) or {}).get("auth")
+        auth = _get(_get(data, "auths"), key).get("auth")
         if auth:
-            user, _, secret = base64.b64decode(auth).decode().partition(":")
-            return user, secret
+            return _basic_pair(auth, path, key)
     return None
+
+
+def _get(data: dict, key: str) -> dict:
+    value = data.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _basic_pair(auth, path: Path, key: str) -> tuple[str, str]:
+    """`auths[key].auth` is base64 of user:password, as `docker login` writes it."""
+    try:
+        user, sep, secret = base64.b64decode(auth, validate=True).decode().partition(":")
+    except (TypeError, ValueError):  # binascii.Error and UnicodeDecodeError are ValueErrors
+        user, sep, secret = "", "", ""
+    if not sep:
+        raise UserError(f"{path}: auths[{key!r}].auth is not base64 of user:password",
+                        f"run `docker login {key}` again")
+    return user, secret
 
 
 def _from_helper(helper: str, host: str) -> tuple[str, str] | None:
@@ -110,64 +128,127 @@ def _from_helper(helper: str, host: str) -> tuple[str, str] | None:
         return None
     if proc.returncode != 0:
         return None
-    data = json.loads(proc.stdout or "{}")
-    return (data.get("Username", ""), data.get("Secret", "")) if data.get("Secret") else None
+    try:
+        data = json.loads(proc.stdout or "{}")
+    except ValueError:
+        data = None
+    if not isinstance(data, dict) or not all(isinstance(data.get(k, ""), str) for k in ("Username", "Secret")):
+        # never quote the answer: it may be the secret itself
+        raise EnvironmentProblem(f"docker-credential-{helper} answered something other than "
+                                 '{"Username": …, "Secret": …} for ' + host, "check that credential helper")
+    return (data.get("Username", ""), data["Secret"]) if data.get("Secret") else None
 
 
 # --- HTTP ----------------------------------------------------------------------------------------------
+#
+# One requests session for the process. Credentials are set per request and only on URLs of the registry's
+# own host; requests strips Authorization on a redirect to another host (blob reads redirected to a CDN), so
+# neither the token nor the basic password leaves the registry. Token realms get the basic credentials, as
+# Docker's client does (the realm is named by the registry: auth.docker.io for Docker Hub), but only over
+# HTTPS or to loopback. Each Authorization that worked is reused for that repository until a 401 asks again.
+
+MAX_BODY = 64 << 20  # manifests, image configs, attestations: all far smaller
+_session = None
+_accepted: dict[str, str] = {}  # "host/name" -> the Authorization the registry last accepted
 
 
-def _request(url: str, headers: dict, method: str = "HEAD", body: bytes | None = None):
-    req = urllib.request.Request(url, method=method, headers=headers, data=body)
+class BadAnswer(EnvironmentProblem):
+    """The registry (or its token service) answered something unusable: not JSON, the wrong shape, too large."""
+
+
+def _send(url: str, method: str, headers: dict, body: bytes | None = None) -> web.Answer:
+    global _session
+    if _session is None:
+        _session = web.session()
     try:
-        return urllib.request.urlopen(req, timeout=TIMEOUT_S)
-    except urllib.error.HTTPError as exc:
-        return exc
-    except (urllib.error.URLError, OSError) as exc:
-        raise Transient(f"registry {url.split('/v2/')[0]} does not answer ({getattr(exc, 'reason', exc)})") from None
+        return web.fetch(_session, method, url, headers=headers, data=body, timeout=TIMEOUT_S, limit=MAX_BODY)
+    except web.TooLarge:
+        raise BadAnswer(f"{_origin(url)} sent more than {MAX_BODY >> 20} MiB for {method} "
+                        f"{urllib.parse.urlsplit(url).path[:80]}; refused") from None
+    except web.Failed as exc:
+        raise Transient(f"registry {_origin(url)} does not answer ({exc.reason})") from None
+
+
+def _origin(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rsplit('@', 1)[-1]}"
+
+
+def _basic(creds: tuple[str, str]) -> str:
+    return "Basic " + base64.b64encode(f"{creds[0]}:{creds[1]}".encode()).decode()
+
+
+def _parse(raw: bytes, what: str):
+    try:
+        return json.loads(raw or b"{}")
+    except (ValueError, RecursionError):
+        raise BadAnswer(f"{what} is not JSON") from None
 
 
 def _bearer(challenge: str, creds: tuple[str, str] | None) -> str:
     """Token auth (ghcr.io, Docker Hub): fetch a token for the scope the registry names in its challenge."""
     params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
     realm = params.pop("realm", "")
-    if not realm.startswith(("https://", "http://")):
-        raise StepFailed(f"registry asks for token auth with an unusable realm {realm!r}")
-    headers = {}
-    if creds:
-        headers["Authorization"] = "Basic " + base64.b64encode(f"{creds[0]}:{creds[1]}".encode()).decode()
-    resp = _request(f"{realm}?{urllib.parse.urlencode(params)}", headers, method="GET")
+    parts = urllib.parse.urlsplit(realm)
+    local = (parts.hostname or "") in ("localhost", "::1") or (parts.hostname or "").startswith("127.")
+    if parts.scheme not in ("https", "http") or not parts.hostname or (parts.scheme == "http" and not local):
+        raise BadAnswer(f"registry asks for token auth with an unusable realm {realm[:100]!r}",
+                        "a token service must be HTTPS (plain HTTP only on loopback)")
+    resp = _send(f"{realm}{'&' if parts.query else '?'}{urllib.parse.urlencode(params)}", "GET",
+                 {"Authorization": _basic(creds)} if creds else {})
     if resp.status != 200:
-        raise StepFailed(f"token service {realm} refused ({resp.status})", "check `docker login` for this registry")
-    body = json.loads(resp.read() or b"{}")
-    return "Bearer " + (body.get("token") or body.get("access_token") or "")
+        raise StepFailed(f"token service {_origin(realm)} refused ({resp.status})",
+                         "check `docker login` for this registry")
+    body = _parse(resp.body, f"the answer of token service {_origin(realm)}")
+    token = (body.get("token") or body.get("access_token")) if isinstance(body, dict) else None
+    if not isinstance(token, str) or not token or not token.isprintable():
+        raise BadAnswer(f"token service {_origin(realm)} answered without a usable token")
+    return "Bearer " + token
 
 
 def call(repo: Repository, method: str, path: str, config: Path | None = None, headers: dict | None = None,
-         body: bytes | None = None, ok: tuple[int, ...] = (200,)):
+         body: bytes | None = None, ok: tuple[int, ...] = (200,)) -> web.Answer | None:
     """One registry API call on repo (`path` below /v2/<name>/ or an absolute URL the registry gave), answering
     a 401 challenge with the Docker config's credentials. 404 → None; 5xx/429 → Transient."""
     url = path if path.startswith(("http://", "https://")) else f"{repo.base_url}/v2/{repo.name}/{path}"
+    home = urllib.parse.urlsplit(url).netloc == repo.host  # an upload URL may point elsewhere: no credentials
     headers = dict(headers or {})
-    resp = _request(url, headers, method, body)
+    key = repo.ref
+    if home and key in _accepted:
+        headers["Authorization"] = _accepted[key]
+    resp = _send(url, method, headers, body)
     if resp.status == 401:
-        creds = credentials(repo.host, config)
-        challenge = resp.headers.get("WWW-Authenticate", "")
-        if challenge.lower().startswith("bearer"):
-            headers["Authorization"] = _bearer(challenge, creds)
-        elif creds:
-            headers["Authorization"] = "Basic " + base64.b64encode(f"{creds[0]}:{creds[1]}".encode()).decode()
-        else:
-            raise StepFailed(f"{repo.host} needs credentials for {repo.name}",
-                             f"`docker login {repo.host}`, or pass --username U --password-stdin")
-        resp = _request(url, headers, method, body)
+        if not home:
+            raise StepFailed(f"{_origin(url)} asks for credentials; they belong to {repo.host} and are not sent")
+        headers["Authorization"] = _authorization(repo, resp.headers.get("WWW-Authenticate", ""), config)
+        resp = _send(url, method, headers, body)
+        if resp.status != 401:
+            _accepted[key] = headers["Authorization"]
+    what = f"{method} {repo.name}/{path.split('?')[0][:80]}"
     if resp.status == 404:
         return None
     if resp.status == 429 or resp.status >= 500:
-        raise Transient(f"{repo.host} answered {resp.status} for {method} {repo.name}/{path.split('?')[0][:80]}")
+        raise Transient(f"{repo.host} answered {resp.status} for {what}")
     if resp.status not in ok:
-        raise StepFailed(f"{repo.host} answered {resp.status} for {method} {repo.name}/{path.split('?')[0][:80]}")
+        raise StepFailed(f"{repo.host} answered {resp.status} for {what}")
     return resp
+
+
+def _authorization(repo: Repository, challenge: str, config: Path | None) -> str:
+    creds = credentials(repo.host, config)
+    if challenge.lower().startswith("bearer"):
+        return _bearer(challenge, creds)
+    if creds:
+        return _basic(creds)
+    raise StepFailed(f"{repo.host} needs credentials for {repo.name}",
+                     f"`docker login {repo.host}`, or pass --username U --password-stdin")
+
+
+def _digest(value, what: str) -> str:
+    """A digest from a registry's answer, before it is used in a URL or compared: sha256:<64 hex> or refused."""
+    if not isinstance(value, str) or not DIGEST_RE.fullmatch(value):
+        raise BadAnswer(f"{what} names the digest {str(value)[:80]!r}, not sha256:<64 hex>")
+    return value
 
 
 def manifest_digest(repo: Repository, reference: str, config: Path | None = None) -> str | None:
@@ -186,8 +267,12 @@ def descriptor(repo: Repository, reference: str, config: Path | None = None) -> 
     resp = call(repo, "HEAD", f"manifests/{reference}", config, {"Accept": ACCEPT})
     if resp is None:
         return None
+    size = resp.headers.get("Content-Length", "0")
+    if not size.isdigit():
+        raise BadAnswer(f"{repo.host} sent Content-Length {size[:40]!r} for {repo.name}:{reference}")
     return {"mediaType": resp.headers.get("Content-Type", "").split(";")[0],
-            "digest": resp.headers.get("Docker-Content-Digest", ""), "size": int(resp.headers.get("Content-Length", 0))}
+            "digest": _digest(resp.headers.get("Docker-Content-Digest"), f"{repo.host}'s answer for {reference}"),
+            "size": int(size)}
 
 
 def manifest(repo: Repository, reference: str, config: Path | None = None) -> tuple[dict, str, str] | None:
@@ -195,21 +280,22 @@ def manifest(repo: Repository, reference: str, config: Path | None = None) -> tu
     resp = call(repo, "GET", f"manifests/{reference}", config, {"Accept": ACCEPT})
     if resp is None:
         return None
-    raw = resp.read()
-    digest = "sha256:" + hashlib.sha256(raw).hexdigest()
+    digest = "sha256:" + hashlib.sha256(resp.body).hexdigest()
     if reference.startswith("sha256:") and digest != reference:
         raise StepFailed(f"{repo.host} served a manifest whose digest is {digest}, not {reference}")
-    return json.loads(raw), resp.headers.get("Content-Type", ""), digest
+    doc = _parse(resp.body, f"the manifest {repo.ref}:{reference[:80]}")
+    if not isinstance(doc, dict):
+        raise BadAnswer(f"the manifest {repo.ref}:{reference[:80]} is not a JSON object")
+    return doc, resp.headers.get("Content-Type", ""), digest
 
 
 def blob(repo: Repository, digest: str, config: Path | None = None) -> bytes | None:
-    resp = call(repo, "GET", f"blobs/{digest}", config)
+    resp = call(repo, "GET", f"blobs/{_digest(digest, repo.ref)}", config)
     if resp is None:
         return None
-    data = resp.read()
-    if "sha256:" + hashlib.sha256(data).hexdigest() != digest:
+    if "sha256:" + hashlib.sha256(resp.body).hexdigest() != digest:
         raise StepFailed(f"{repo.host} served blob {digest[:19]} with other content")
-    return data
+    return resp.body
 
 
 def config_labels(repo: Repository, reference: str, config: Path | None = None) -> dict | None:
@@ -217,15 +303,24 @@ def config_labels(repo: Repository, reference: str, config: Path | None = None) 
     found = manifest(repo, reference, config)
     if found is None:
         return None
-    data, _, _ = found
-    if "manifests" in data:  # an index: the linux/amd64 image
-        child = next((m for m in data["manifests"] if (m.get("platform") or {}).get("architecture") == "amd64"), None)
-        if child is None:
-            return None
-        found = manifest(repo, child["digest"], config)
+    try:
         data = found[0]
-    raw = blob(repo, data["config"]["digest"], config)
-    return (json.loads(raw or b"{}").get("config") or {}).get("Labels") or {}
+        if "manifests" in data:  # an index: the linux/amd64 image
+            child = next((m for m in data["manifests"] if (m.get("platform") or {}).get("architecture") == "amd64"),
+                         None)
+            if child is None:
+                return None
+            found = manifest(repo, _digest(child["digest"], f"the index {repo.ref}:{reference}"), config)
+            if found is None:
+                return None
+            data = found[0]
+        raw = blob(repo, _digest(data["config"]["digest"], f"the manifest {repo.ref}:{reference}"), config)
+        labels = (_parse(raw, f"the image config of {repo.ref}:{reference}").get("config") or {}).get("Labels") or {}
+    except (KeyError, TypeError, AttributeError):
+        raise BadAnswer(f"the manifest or image config of {repo.ref}:{reference} has the wrong shape") from None
+    if not isinstance(labels, dict):
+        raise BadAnswer(f"the labels of {repo.ref}:{reference} are not a JSON object")
+    return labels
 
 
 def put_blob(repo: Repository, data: bytes, config: Path | None = None) -> str:
@@ -245,7 +340,8 @@ def put_blob(repo: Repository, data: bytes, config: Path | None = None) -> str:
 
 def put_manifest(repo: Repository, reference: str, data: bytes, media_type: str, config: Path | None = None) -> str:
     resp = call(repo, "PUT", f"manifests/{reference}", config, {"Content-Type": media_type}, data, ok=(201,))
-    return resp.headers.get("Docker-Content-Digest") or "sha256:" + hashlib.sha256(data).hexdigest()
+    return _digest(resp.headers.get("Docker-Content-Digest") or "sha256:" + hashlib.sha256(data).hexdigest(),
+                   f"{repo.host}'s answer to the push of {reference}")
 
 
 # --- referrers (OCI 1.1): artifacts about an image, stored beside it -----------------------------------
@@ -283,13 +379,14 @@ def _referrers_api(repo: Repository, digest: str, config: Path | None) -> dict |
     resp = call(repo, "GET", f"referrers/{digest}", config, {"Accept": OCI_INDEX}, ok=(200, 400, 405))
     if resp is None or resp.status != 200 or OCI_INDEX not in resp.headers.get("Content-Type", ""):
         return None  # no referrers API here (distribution 2.x answers 404)
-    return json.loads(resp.read() or b"{}")
+    index = _parse(resp.body, f"the referrers of {repo.ref}@{digest}")
+    return index if isinstance(index, dict) else {}
 
 
 def _add_to_fallback_index(repo: Repository, subject: str, descriptor: dict, config: Path | None) -> None:
     found = manifest(repo, fallback_tag(subject), config)
     index = found[0] if found else {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": []}
-    index["manifests"] = [m for m in index.get("manifests", []) if m.get("digest") != descriptor["digest"]]
+    index["manifests"] = [m for m in _descriptors(index) if m["digest"] != descriptor["digest"]]
     index["manifests"].append(descriptor)
     put_manifest(repo, fallback_tag(subject), json.dumps(index, sort_keys=True).encode(), OCI_INDEX, config)
 
@@ -300,15 +397,25 @@ def referrers(repo: Repository, subject: str, config: Path | None = None) -> lis
     if index is None:
         found = manifest(repo, fallback_tag(subject), config)
         index = found[0] if found else {}
-    return list(index.get("manifests") or [])
+    return _descriptors(index)
+
+
+def _descriptors(index: dict) -> list[dict]:
+    """The index's entries that are descriptors with a real digest: a stray entry is skipped, never followed."""
+    entries = index.get("manifests") if isinstance(index, dict) else None
+    return [m for m in entries if isinstance(m, dict) and isinstance(m.get("digest"), str)
+            and DIGEST_RE.fullmatch(m["digest"])] if isinstance(entries, list) else []
 
 
 def referrer_payload(repo: Repository, descriptor: dict, subject: str, config: Path | None = None) -> bytes | None:
     """The artifact's content, after checking it really names `subject` (a stray index entry proves nothing)."""
-    found = manifest(repo, descriptor["digest"], config)
+    found = manifest(repo, _digest(descriptor.get("digest"), f"a referrer of {repo.ref}@{subject}"), config)
     if found is None:
         return None
     doc = found[0]
-    if (doc.get("subject") or {}).get("digest") != subject or not doc.get("layers"):
+    layers = doc.get("layers")
+    if not isinstance(doc.get("subject"), dict) or doc["subject"].get("digest") != subject or not layers:
         return None
-    return blob(repo, doc["layers"][0]["digest"], config)
+    if not isinstance(layers, list) or not isinstance(layers[0], dict):
+        raise BadAnswer(f"the referrer {descriptor['digest']} of {repo.ref} has the wrong shape")
+    return blob(repo, _digest(layers[0].get("digest"), f"the referrer {descriptor['digest']}"), config)

@@ -14,6 +14,7 @@ import os
 import ssl
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import builder
@@ -37,6 +38,39 @@ class Failed(OSError):
 
     def __str__(self) -> str:
         return self.reason
+
+
+class TooLarge(Failed):
+    """The answer went past its size bound: the remote sends more than anything it should ever send."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A whole answer of any status, its body already read within the bound (empty for HEAD)."""
+
+    status: int
+    headers: Mapping[str, str]  # case-insensitive (requests' CaseInsensitiveDict)
+    body: bytes
+    url: str  # where it came from after redirects
+
+
+def session() -> requests.Session:
+    """A session for a client that talks to one service many times (connection reuse). requests drops the
+    Authorization header whenever a redirect leaves the original host, so credentials set per request stay home."""
+    import requests
+
+    sess = requests.Session()
+    sess.headers["User-Agent"] = USER_AGENT
+    sess.verify = _trusted()
+    return sess
+
+
+def fetch(sess: requests.Session, method: str, url: str, *, headers: Mapping[str, str] | None = None,
+          data: bytes | None = None, timeout: float = TIMEOUT_S, limit: int = MAX_BYTES) -> Answer:
+    """Any answer (the caller reads the status) with its body bounded; Failed on no answer, TooLarge past `limit`."""
+    with _answer(url, method, timeout, headers, ok_only=False, sess=sess, data=data) as resp:
+        body = b"" if method == "HEAD" else b"".join(_body(resp, url, limit))
+        return Answer(resp.status_code, resp.headers, body, resp.url)
 
 
 def get(url: str, *, timeout: float = TIMEOUT_S, limit: int = MAX_BYTES,
@@ -66,12 +100,14 @@ def probe(url: str, timeout: float = 10) -> str | None:
 
 @contextmanager
 def _answer(url: str, method: str, timeout: float, headers: Mapping[str, str] | None = None,
-            ok_only: bool = True) -> Iterator[requests.Response]:
+            ok_only: bool = True, sess: requests.Session | None = None,
+            data: bytes | None = None) -> Iterator[requests.Response]:
     import requests  # here, not at the top: a quarter second that most verbs never need
 
     try:
-        resp = requests.request(method, url, headers={"User-Agent": USER_AGENT, **(headers or {})}, stream=True,
-                                timeout=timeout, verify=_trusted(), allow_redirects=True)
+        resp = (sess or requests).request(method, url, headers={"User-Agent": USER_AGENT, **(headers or {})},
+                                          data=data, stream=True, timeout=timeout, verify=_trusted(),
+                                          allow_redirects=True)
     except requests.RequestException as exc:
         raise Failed(url, _reason(exc)) from None
     with resp:
@@ -88,7 +124,7 @@ def _body(resp: requests.Response, url: str, limit: int) -> Iterator[bytes]:
         for chunk in resp.iter_content(CHUNK):
             total += len(chunk)
             if total > limit:
-                raise Failed(url, f"the answer is larger than {limit >> 20} MiB; refused")
+                raise TooLarge(url, f"the answer is larger than {limit >> 20} MiB; refused")
             yield chunk
     except requests.RequestException as exc:
         raise Failed(url, _reason(exc)) from None

@@ -275,7 +275,7 @@ def load(path: Path = DEFAULT_MATRIX) -> Matrix:
     if "defaults" not in data:
         report.fail(1, "defaults", "missing: the matrix has no `defaults:` section",
                     "add `defaults:` with at least `image: <registry>/<name>` (see README)")
-    defaults = _read_defaults(data["defaults"], report)
+    defaults = _read_defaults(data["defaults"], report, data.key_lines["defaults"])
     raw_entries = data.get("entries")
     if not isinstance(raw_entries, list) or not raw_entries:
         report.fail(data.key_lines.get("entries", 1), "entries", "expected a non-empty list of entries",
@@ -285,7 +285,8 @@ def load(path: Path = DEFAULT_MATRIX) -> Matrix:
     entries: list[Entry] = []
     seen: dict[str, int] = {}
     for index, raw in enumerate(raw_entries):
-        entry = _read_entry(raw, index, defaults, report)
+        line = raw_entries.item_lines[index] if isinstance(raw_entries, yamlread.LineList) else 1
+        entry = _read_entry(raw, index, defaults, report, line)
         if entry.tag in seen:
             report.fail(entry.line("tag"), f"entry '{entry.tag}', field 'tag'",
                         f"duplicate tag (first at line {seen[entry.tag]})", "every entry needs its own tag")
@@ -295,9 +296,9 @@ def load(path: Path = DEFAULT_MATRIX) -> Matrix:
     return Matrix(path=path, image=defaults["image"], entries=tuple(entries))
 
 
-def _read_defaults(raw, report: _Reporter) -> dict:
+def _read_defaults(raw, report: _Reporter, line: int = 1) -> dict:
     if not isinstance(raw, yamlread.LineDict):
-        report.fail(1, "defaults", f"expected a mapping, got {type(raw).__name__}",
+        report.fail(line, "defaults", f"expected a mapping, got {type(raw).__name__}",
                     "write `defaults:` followed by indented `key: value` lines")
     known = {**{k: v for k, v in ENTRY_FIELDS.items() if k != "tag"}, **{k: (v, True) for k, v in
                                                                           DEFAULTS_ONLY.items()}}
@@ -314,9 +315,9 @@ def _read_defaults(raw, report: _Reporter) -> dict:
     return values
 
 
-def _read_entry(raw, index: int, defaults: dict, report: _Reporter) -> Entry:
+def _read_entry(raw, index: int, defaults: dict, report: _Reporter, line: int = 1) -> Entry:
     if not isinstance(raw, yamlread.LineDict):
-        report.fail(1, f"entries[{index}]", f"expected a mapping, got {type(raw).__name__}",
+        report.fail(line, f"entries[{index}]", f"expected a mapping, got {type(raw).__name__}",
                     "each entry is `- tag: ...` followed by its fields")
     tag_value = raw.get("tag")
     name = f"entry '{tag_value}'" if isinstance(tag_value, str) and TAG_RE.fullmatch(tag_value) else f"entries[{index}]"

@@ -33,6 +33,19 @@ class LineDict(dict):
         self.key_lines: dict = {}
 
 
+class LineList(list):
+    """A list that knows the line of each item (a scalar item has no line of its own otherwise)."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.item_lines: list[int] = []
+
+
+# Messages say what the user wrote ("got list", "got dict"), not how this reader stores it.
+LineDict.__name__ = LineDict.__qualname__ = "dict"
+LineList.__name__ = LineList.__qualname__ = "list"
+
+
 class _Limit(Exception):
     def __init__(self, message: str, line: int):
         super().__init__(message)
@@ -47,11 +60,15 @@ class _Loader(yaml.SafeLoader):
         self._nodes = 0
         self._depth = 0
         self._weight: dict[int, int] = {}  # id(node) -> nodes it stands for, aliases expanded
+        self._open: dict[str, int] = {}  # anchors of the collections being composed -> their line
 
     def compose_node(self, parent, index):
         line = self.peek_event().start_mark.line + 1
         if self.check_event(yaml.AliasEvent):
             anchor = self.peek_event().anchor
+            if anchor in self._open:  # `<<: *x` inside &x: PyYAML would merge nothing and say nothing
+                raise MatrixError(f"line {line}: alias *{anchor[:40]} is used inside &{anchor[:40]} itself "
+                                  f"(line {self._open[anchor]})", "an anchor can only be used after it ends")
             node = self.anchors.get(anchor)
             if node is not None:
                 self._count(self._weight.get(id(node), 1), line)
@@ -61,10 +78,14 @@ class _Loader(yaml.SafeLoader):
             raise _Limit(f"nested more than {MAX_DEPTH} levels deep", line)
         before = self._nodes
         self._count(1, line)
+        anchor = self.peek_event().anchor
+        if anchor is not None:
+            self._open[anchor] = line
         try:
             node = super().compose_node(parent, index)
         finally:
             self._depth -= 1
+            self._open.pop(anchor, None)
         self._weight[id(node)] = self._nodes - before
         return node
 
@@ -102,6 +123,12 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> LineDict:
     return result
 
 
+def _construct_sequence(loader: _Loader, node: yaml.SequenceNode) -> LineList:
+    result = LineList(loader.construct_object(item, deep=True) for item in node.value)
+    result.item_lines = [item.start_mark.line + 1 for item in node.value]
+    return result
+
+
 def _construct_int(loader: _Loader, node: yaml.ScalarNode) -> int:
     # int() of a few thousand digits raises (CPython's limit) and costs quadratic time below it.
     if len(node.value) > 40:
@@ -112,6 +139,7 @@ def _construct_int(loader: _Loader, node: yaml.ScalarNode) -> int:
 
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 _Loader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_sequence)
 
 
 def read_bounded(path: Path, limit: int | None = None, what: str = "matrix") -> bytes:

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field, replace
 import builder
 from builder import log, reports
 from builder.boundary import buildkit, engine, inspect
-from builder.errors import EnvironmentProblem, StepFailed
-from builder.model import context, inputs, paths
+from builder.errors import EnvironmentProblem, StepFailed, UserError
+from builder.model import context, inputs, paths, reference
 from builder.model.matrix import Entry
 from builder.steps import Done, diff, preflight
 
@@ -42,10 +42,21 @@ def add_arguments(p) -> None:
 
 def prepare(entries: list[Entry], options: Options) -> Options:
     resolved = options.inputs.resolved()  # bad flag values and a missing CA bundle stop here, before any tag
+    _check_cache_ref(options.cache_ref)
     engine.sdk()  # fail once, before any tag, when no engine answers
     if options.cache_ref and engine.client().mode != "buildx":
         log.info(f"warning: --cache-ref {options.cache_ref} is not used: {engine.client().binary} has no buildx")
     return replace(options, inputs=resolved)
+
+
+def _check_cache_ref(ref: str | None) -> None:
+    """The value goes into `--cache-from type=registry,ref=…`: a comma would add cache options of the user's own
+    (`type=local,dest=/anywhere`), so only a plain pushable reference (NAME[:TAG], no digest) is accepted."""
+    if ref is None:
+        return
+    why = "a digest cannot be pushed to" if "@" in ref else reference.problem(ref)
+    if why:
+        raise UserError(f"--cache-ref {ref[:100]!r}: {why}", "give a registry reference, e.g. ghcr.io/acme/cache:train")
 
 
 def _skippable(entry: Entry, digest: str) -> dict | None:

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 
 import pytest
 import requests
 
 from builder.boundary import apt, engine, git, process, registry, uv, web
-from builder.errors import EnvironmentProblem
+from builder.errors import EnvironmentProblem, UserError
 
 
 def _answer(status: int = 200, body: bytes = b"", reason: str = "OK") -> requests.Response:
@@ -193,3 +194,33 @@ def test_a_missing_credential_helper_means_no_credentials(runs, tmp_path):
     (tmp_path / "config.json").write_text('{"credsStore": "gone"}')
     runs({"docker-credential-gone": process.NotRunnable("cannot run docker-credential-gone: not found")})
     assert registry.credentials("ghcr.io", tmp_path) is None
+
+
+@pytest.mark.parametrize("auth", ["not base64!", "bm9jb2xvbg==", "//79"])  # garbage; "nocolon"; not UTF-8
+def test_a_docker_config_auth_that_is_not_base64_of_user_password_is_one_line(tmp_path, auth):
+    (tmp_path / "config.json").write_text(json.dumps({"auths": {"ghcr.io": {"auth": auth}}}))
+    with pytest.raises(UserError) as err:
+        registry.credentials("ghcr.io", tmp_path)
+    assert "auths['ghcr.io'].auth is not base64 of user:password" in str(err.value) and "\n" not in str(err.value)
+    assert "docker login ghcr.io" in str(err.value)
+
+
+@pytest.mark.parametrize("text", ["{oops", "[]", '{"auths": 5, "credHelpers": []}'])
+def test_a_docker_config_that_is_broken_or_the_wrong_shape(tmp_path, text):
+    (tmp_path / "config.json").write_text(text)
+    if text.startswith("{\""):
+        assert registry.credentials("ghcr.io", tmp_path) is None, "wrong-shaped sections are no credentials"
+        return
+    with pytest.raises(UserError) as err:
+        registry.credentials("ghcr.io", tmp_path)
+    assert str(tmp_path / "config.json") in str(err.value)
+
+
+@pytest.mark.parametrize("answer", ["hunter2-not-json", '["a"]', '{"Username": "u", "Secret": 5}'])
+def test_a_credential_helper_answering_garbage_is_one_line_exit_3(runs, tmp_path, answer):
+    (tmp_path / "config.json").write_text('{"credHelpers": {"ghcr.io": "pass"}}')
+    runs({"docker-credential-pass get": _ok(answer)})
+    with pytest.raises(EnvironmentProblem) as err:
+        registry.credentials("ghcr.io", tmp_path)
+    assert "docker-credential-pass answered" in str(err.value) and "hunter2" not in str(err.value)
+    assert err.value.exit_code == 3

@@ -178,3 +178,13 @@ def test_any_other_build_failure_is_not_retried(monkeypatch, tmp_path):
     monkeypatch.setattr(engine, "client", lambda: engine.Client("/usr/bin/docker", "legacy"))
     monkeypatch.setattr(engine, "run_cli", run_cli)
     assert buildkit.run(_spec(tmp_path), {}, Inputs())[0] == 1 and len(calls) == 1
+
+
+@pytest.mark.parametrize("ref", ["ghcr.io/acme/cache:t,type=local,dest=/tmp/x", "ghcr.io/acme/cache@sha256:" + "a" * 64,
+                                 "Ghcr.io/ACME/Cache", "cache ref", ""])
+def test_a_cache_ref_that_is_not_a_plain_reference_is_exit_2_before_any_engine(project, capsys, ref):
+    """`--cache-ref` lands inside `--cache-from type=registry,ref=…`: a comma would smuggle in cache options."""
+    assert run_cli("build", "cu130-torch2.13-bookworm", "--cache-ref", ref) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --cache-ref") and "Traceback" not in err
+    assert [line.split(":")[0] for line in err.strip().splitlines()] == ["error", "hint"]

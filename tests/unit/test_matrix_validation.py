@@ -149,3 +149,18 @@ def test_strict_requires_digest(project, capsys):
     assert run_cli("validate") == 0
     capsys.readouterr()
     assert_rejected(project, capsys, "not pinned by digest", "entry 'cu121-torch2.3'", verb=("validate", "--strict"))
+
+
+def test_an_anchor_merging_itself_is_refused_with_its_line(project, capsys):
+    """`<<: *e` inside &e merges nothing in PyYAML, silently: the author meant something else."""
+    text = VALID_MATRIX.replace("entries:\n", "entries:\n  - &self\n    tag: loop\n    <<: *self\n", 1)
+    set_matrix(project, text)
+    line = text.splitlines().index("    <<: *self") + 1
+    assert_rejected(project, capsys, f"matrix.yaml: line {line}: alias *self is used inside &self itself")
+
+
+def test_an_entry_written_as_a_plain_string_names_its_line(project, capsys):
+    text = VALID_MATRIX.replace("entries:\n", "entries:\n  - cu121-torch2.3-extra\n", 1)
+    set_matrix(project, text)
+    line = text.splitlines().index("  - cu121-torch2.3-extra") + 1
+    assert_rejected(project, capsys, f"matrix.yaml:{line}: entries[0]: expected a mapping, got str")
