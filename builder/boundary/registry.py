@@ -253,13 +253,8 @@ def _digest(value, what: str) -> str:
 
 def manifest_digest(repo: Repository, reference: str, config: Path | None = None) -> str | None:
     """The digest the registry serves for repo:reference (None when it has no such tag)."""
-    resp = call(repo, "HEAD", f"manifests/{reference}", config, {"Accept": ACCEPT})
-    if resp is None:
-        return None
-    digest = resp.headers.get("Docker-Content-Digest", "")
-    if not DIGEST_RE.fullmatch(digest):
-        raise StepFailed(f"{repo.host} sent no usable Docker-Content-Digest for {repo.name}:{reference}")
-    return digest
+    found = descriptor(repo, reference, config)
+    return found["digest"] if found else None
 
 
 def descriptor(repo: Repository, reference: str, config: Path | None = None) -> dict | None:

@@ -8,6 +8,7 @@ import pytest
 
 from builder import cli
 from builder.boundary import baseimage, buildkit
+from builder.errors import UserError
 from builder.model import context, lockfile, matrix, paths
 from builder.model.inputs import Inputs
 from builder.steps import build, lock, repro
@@ -83,3 +84,21 @@ def test_secrets_come_from_the_environment_and_never_enter_the_hash(repo):
     secret = Inputs().resolved(environ={"PIP_INDEX_URL": "https://u:tok@idx.local/simple"})
     assert secret.secret_values == ["https://u:tok@idx.local/simple"] and plain == secret
     assert "tok" not in repr(secret)
+
+
+@pytest.mark.parametrize("where", ["smoke/evil.txt", "locks/cu128-torch2.8/requirements.lock",
+                                   "dockerfiles/cu128-torch2.8/image.json"])
+def test_a_symlink_never_brings_a_host_file_into_the_context(repo, tmp_path_factory, where, capsys):
+    """A link in smoke/, locks/ or dockerfiles/ pointing outside the repository is refused in one line (exit 2),
+    and nothing of its target is staged."""
+    outside = tmp_path_factory.mktemp("outside") / "secret"
+    outside.write_text("host secret\n")
+    link = repo / where
+    link.unlink(missing_ok=True)
+    link.symlink_to(outside)
+    entry = matrix.load(ROOT / "matrix.yaml").by_tag()[FA_TAG]
+    with pytest.raises(UserError) as caught:
+        context.stage(entry, Inputs(), root=paths.CONTEXT_ROOT / "links")
+    assert caught.value.exit_code == 2 and "is a symbolic link" in caught.value.message
+    staged = repo / paths.CONTEXT_ROOT / "links"
+    assert not any("host secret" in p.read_text() for p in staged.rglob("*") if p.is_file())
