@@ -37,7 +37,9 @@ def run_step(module, args, m: matrix.Matrix) -> int:
     compat.require(entries, recipe=module.NAME in compat.RECIPE_STEPS)
     options = options_from(args, module.Options)
     options = module.prepare(entries, options) or options  # prepare may fill in what it read (a password)
-    outcomes = runner.run(module.NAME, entries, lambda entry: module.run(entry, options))
+    # A step that only reads (lock --check) says so: it takes no per-tag lock (runner.py).
+    locked = getattr(module, "needs_tag_lock", lambda _options: True)(options)
+    outcomes = runner.run(module.NAME, entries, lambda entry: module.run(entry, options), lock=locked)
     for outcome in outcomes:
         if outcome.error is not None:
             _print_error(outcome.error, prefix="" if outcome.error.message.startswith(outcome.tag) else

@@ -1,13 +1,16 @@
 """Run one step over many entries with one failure policy, one progress shape and one summary table.
 
 Policy, the same for every step: one process per tag at a time (fsutil.tag_lock: a second one for the same
-tag stops at once with exit 3); a tag that fails does not stop the others; each failure is kept with its
-error for the CLI to print; Ctrl-C stops at once (the running tag is `interrupted`, the rest `not run`) —
+tag stops at once with exit 3) for steps that write; a step that only reads (`lock --check`: the step's
+`needs_tag_lock(options)` says no) takes no lock, so it runs beside a build and in a read-only checkout;
+a tag that fails does not stop the others; each failure is kept with its error for the CLI to print;
+Ctrl-C stops at once (the running tag is `interrupted`, the rest `not run`) —
 steps write only whole files (temp file + rename), so nothing is left half-done.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,12 +36,13 @@ class Outcome:
         return self.error is None and self.result not in ("interrupted", "not run")
 
 
-def run(step: str, entries: Sequence[Entry], fn: Callable[[Entry], Done]) -> list[Outcome]:
+def run(step: str, entries: Sequence[Entry], fn: Callable[[Entry], Done], lock: bool = True) -> list[Outcome]:
     outcomes: list[Outcome] = []
     for index, entry in enumerate(entries):
         started = time.monotonic()
         try:
-            with log.step(f"{step} {entry.tag}") as note, fsutil.tag_lock(entry.tag, step):
+            held = fsutil.tag_lock(entry.tag, step) if lock else contextlib.nullcontext()
+            with log.step(f"{step} {entry.tag}") as note, held:
                 done = fn(entry)
                 note["result"] = done.result
             outcomes.append(Outcome(entry.tag, done.result, time.monotonic() - started, done.detail))

@@ -237,6 +237,12 @@ def check(entry: Entry) -> Done:
     return Done("up to date", "exceptions: " + "; ".join(excepted) if excepted else "")
 
 
+def needs_tag_lock(options: Options) -> bool:
+    """--check only reads the committed locks: it must run while a build holds the tag, and in a read-only
+    checkout (no build/locks/ to create)."""
+    return not options.check
+
+
 def run(entry: Entry, options: Options) -> Done:
     if options.check:
         return check(entry)

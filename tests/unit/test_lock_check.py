@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 
+from builder import fsutil
 from builder.errors import StepFailed, UserError
 from builder.model import compat, lockfile, matrix
 from builder.steps import lock
@@ -238,3 +239,13 @@ def test_a_toolchain_lock_the_entry_does_not_use_is_stale(repo, capsys):
     code, err = check(capsys, TRIXIE_TAG)
     assert code == 1 and f"locks/{TRIXIE_TAG}/nvcc.lock is stale: this entry's toolchain does not use it" in err
 
+
+
+def test_lock_check_runs_while_a_build_holds_the_tag(repo, capsys):
+    """Read-only: `lock --check` takes no tag lock, so a running build of the tag does not stop it; a
+    writing step of that tag still does (exit 3, naming the holder)."""
+    with fsutil.tag_lock(CI_TAG, "build"):
+        code, err = check(capsys, CI_TAG)
+        assert code == 0, err
+        assert run_cli("lock", "--no-apt", CI_TAG) == 3
+        assert "`build` (pid" in capsys.readouterr().err
