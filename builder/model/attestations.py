@@ -182,13 +182,61 @@ def provenance(*, repository: str, digest: str, entry: dict, locks: dict[str, st
     }
 
 
+# --- binding: an attestation counts only for the image its content names ---------------------------------
+
+
+def _dicts(value) -> list[dict]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def _short(hexes) -> str:
+    return ", ".join(f"sha256:{str(h)[:12]}…" for h in sorted(hexes, key=str)) or "no digest"
+
+
+def sbom_binding(doc, digest: str) -> str | None:
+    """None when the SPDX document DESCRIBES the image `digest` (its package's SHA256 checksum and its
+    name@digest); else one line saying what it describes instead. A referrer's subject is the registry's
+    index entry; the document's own words are what a user reads, so both must name the same image."""
+    if not isinstance(doc, dict):
+        return "the SBOM is not a JSON object"
+    listed = doc.get("documentDescribes")
+    described = {d for d in listed if isinstance(d, str)} if isinstance(listed, list) else set()
+    described |= {str(r.get("relatedSpdxElement")) for r in _dicts(doc.get("relationships"))
+                  if r.get("spdxElementId") == "SPDXRef-DOCUMENT" and r.get("relationshipType") == "DESCRIBES"}
+    images = [p for p in _dicts(doc.get("packages")) if str(p.get("SPDXID")) in described]
+    sums = {str(c.get("checksumValue")) for p in images for c in _dicts(p.get("checksums"))
+            if c.get("algorithm") == "SHA256"}
+    named = all(str(p.get("name", "")).endswith(f"@{digest}") for p in images)
+    if not images or sums != {digest.split(":", 1)[1]} or not named:
+        return f"the SBOM describes {_short(sums)}, not this image {digest[:19]}…"
+    return None
+
+
+def provenance_binding(statement, digest: str) -> str | None:
+    """None when the in-toto statement's every subject is the image `digest` (publish writes exactly one);
+    else one line saying which digests it names instead."""
+    if not isinstance(statement, dict) or statement.get("predicateType") != SLSA_PROVENANCE:
+        return "the provenance is not an SLSA provenance statement"
+    subjects = {str(s["digest"].get("sha256")) if isinstance(s.get("digest"), dict) else "none"
+                for s in _dicts(statement.get("subject"))}
+    if subjects != {digest.split(":", 1)[1]}:
+        return f"the provenance is for {_short(subjects)}, not this image {digest[:19]}…"
+    return None
+
+
+BINDING = {SBOM_TYPE: sbom_binding, PROVENANCE_TYPE: provenance_binding}
+
+
 def summary(sbom_doc: dict | None, statement: dict | None, digest: str) -> list[str]:
-    """What a user reads in `verify`: who built it, from what, which gate, how many packages; or what is off."""
+    """What a user reads in `verify`: who built it, from what, which gate, how many packages; or what is off.
+    A document that names another image is never summarised: its "built by" and gate are another image's."""
     lines = []
+    unbound = provenance_binding(statement, digest) if statement is not None else None
     if statement is None:
         lines.append("provenance: none found for this digest")
+    elif unbound:
+        lines.append(f"provenance: NOT for this digest, ignored: {unbound}")
     else:
-        subjects = [s.get("digest", {}).get("sha256") for s in statement.get("subject", [])]
         pred = statement.get("predicate", {})
         params = pred.get("buildDefinition", {}).get("externalParameters", {})
         run = pred.get("runDetails", {})
@@ -197,8 +245,7 @@ def summary(sbom_doc: dict | None, statement: dict | None, digest: str) -> list[
         level = gate.get("level") or {}
         where = level.get("kind") == "gpu" and f"GPU: {level.get('gpu_count')} × {level.get('gpu_model')}, driver " \
                                                f"{level.get('driver')}" or "CPU only"
-        ok = digest.split(":", 1)[1] in subjects
-        lines.append(f"provenance: {'bound to this digest' if ok else 'NOT for this digest'}; built by "
+        lines.append("provenance: bound to this digest; built by "
                      f"{run.get('builder', {}).get('id')} from {params.get('source', {}).get('uri')}@"
                      f"{str(params.get('source', {}).get('revision'))[:12]} (tag {params.get('tag')}, builder "
                      f"{pred.get('buildDefinition', {}).get('internalParameters', {}).get('builder_version')})")
@@ -208,8 +255,11 @@ def summary(sbom_doc: dict | None, statement: dict | None, digest: str) -> list[
                       if b.get("name") == "vulnerability-audit"), None)
         lines.append(audit.get("summary", "audit: ?") if audit else "audit: none recorded (published without "
                                                                      "--max-severity)")
+    unbound = sbom_binding(sbom_doc, digest) if sbom_doc is not None else None
     if sbom_doc is None:
         lines.append("sbom: none found for this digest")
+    elif unbound:
+        lines.append(f"sbom: NOT for this digest, ignored: {unbound}")
     else:
         pkgs = sbom_doc.get("packages", [])
         def count(kind: str) -> int:

@@ -151,24 +151,42 @@ def registry_reference(ref: str, image) -> tuple[registry.Repository, str] | Non
     return (registry.Repository(host, path), digest) if digest else None
 
 
-def attestations_of(ref: str, image) -> dict:
-    """The SBOM and provenance stored beside the image's digest (OCI referrers), read and summarised."""
+def attestations_of(ref: str, image, strict: bool = False) -> dict:
+    """The SBOM and provenance stored beside the image's digest (OCI referrers), read and summarised. One counts
+    only when its content names this digest too (attestations.BINDING): another image's SBOM or provenance is
+    ignored with a warning line, and with `strict` (--require-signature) it is the verdict's problem."""
     where = registry_reference(ref, image)
     if where is None:
         return {"sbom": None, "provenance": None, "problem": None,
                 "lines": ["attestations: not looked up (give a registry reference, e.g. host/name@sha256:…)"]}
     repo, digest = where
-    found = {}
+    found, ignored = {}, []
     for descriptor in registry.referrers(repo, digest):
         kind = descriptor.get("artifactType")
-        if kind in (attestations.SBOM_TYPE, attestations.PROVENANCE_TYPE) and kind not in found:
-            payload = registry.referrer_payload(repo, descriptor, digest)
-            if payload is not None:
-                found[kind] = json.loads(payload)
+        if kind in attestations.BINDING and kind not in found:
+            doc, why = _bound_document(repo, descriptor, digest, kind)
+            if doc is not None:
+                found[kind] = doc
+            elif why:
+                ignored.append(f"warning: ignored the referrer {descriptor['digest'][:19]}…: {why}")
     sbom, statement = found.get(attestations.SBOM_TYPE), found.get(attestations.PROVENANCE_TYPE)
-    lines = attestations.summary(sbom, statement, digest)
-    problem = next((line for line in lines if "NOT for this digest" in line), None)
+    lines = attestations.summary(sbom, statement, digest) + ignored
+    problem = ignored[0].removeprefix("warning: ") if ignored and strict else None
     return {"sbom": sbom is not None, "provenance": statement is not None, "problem": problem, "lines": lines}
+
+
+def _bound_document(repo, descriptor: dict, digest: str, kind: str) -> tuple[dict | None, str | None]:
+    """(the referrer's document, None) when its content names `digest`; (None, why) when it does not;
+    (None, None) when the referrer itself is not for `digest` (registry.referrer_payload)."""
+    payload = registry.referrer_payload(repo, descriptor, digest)
+    if payload is None:
+        return None, None
+    try:
+        doc = json.loads(payload)
+    except ValueError:
+        return None, f"its {kind} content is not JSON"
+    why = attestations.BINDING[kind](doc, digest)
+    return (None, why) if why else (doc, None)
 
 
 # --- signatures ----------------------------------------------------------------------------------------
@@ -286,8 +304,11 @@ def main(args: Options, m=None) -> int:
     why_cpu = ("--cpu was given" if args.cpu else "no usable GPU here" if not gpus
                else "the host checks above failed")
     with log.step(f"attestations of {args.image}") as note:
-        attested = attestations_of(target, image)
+        attested = attestations_of(target, image, strict=args.require_signature)
         note["result"] = attested["lines"][0] if attested["lines"] else "—"
+        if attested["problem"]:  # strict: an attestation of another image stops verify before the gate
+            raise StepFailed(f"{args.image}: {attested['problem']}",
+                             "do not use this image: its attestations are not bound to it (docs/publishing.md)")
     with log.step(f"smoke gate in {args.image} ({'GPU' if use_gpus else 'CPU'})") as note:
         gate = run_gate(image.id, gpus=use_gpus, timeout=args.timeout, shm_size=args.shm_size, only=args.checks)
         note["result"] = "passed" if gate.get("passed") else "FAILED"

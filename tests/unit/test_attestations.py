@@ -111,3 +111,46 @@ def test_the_provenance_carries_the_audit_and_verify_shows_it():
     assert verdict["summary"] in attestations.summary(None, statement, DIGEST)
     assert "audit: none recorded (published without --max-severity)" in attestations.summary(
         None, provenance(None), DIGEST)
+
+
+OTHER = "sha256:" + "cd" * 32
+SMALL = {"python_packages": [], "dpkg_packages": []}
+
+
+def test_documents_publish_writes_are_bound_to_their_digest():
+    assert attestations.sbom_binding(sbom(inventory=SMALL), DIGEST) is None
+    assert attestations.provenance_binding(provenance(None), DIGEST) is None
+
+
+def test_another_images_sbom_is_not_summarised_for_this_digest():
+    """The SBOM of image B stored beside image A: verify must not count B's packages as A's."""
+    lines = attestations.summary(sbom(inventory=SMALL), None, OTHER)
+    assert lines[-1] == (f"sbom: NOT for this digest, ignored: the SBOM describes sha256:{'ab' * 6}…, "
+                         f"not this image {OTHER[:19]}…")
+
+
+def test_another_images_provenance_shows_no_builder_and_no_gate():
+    """A provenance naming another digest: its "built by" and its GPU gate are another image's, never shown."""
+    lines = attestations.summary(None, provenance(None), OTHER)
+    assert lines[0].startswith("provenance: NOT for this digest, ignored: the provenance is for sha256:abab")
+    assert not any("built by" in line or line.startswith("gate:") for line in lines)
+
+
+@pytest.mark.parametrize("change", [
+    lambda d: d["packages"][0].update(name=f"ghcr.io/train-images/train@{OTHER}"),  # checksum ours, name another's
+    lambda d: d["relationships"].pop(0),                                              # describes nothing
+    lambda d: d.update(packages="junk", relationships=[{"relatedSpdxElement": ["x"]}]),  # hostile shapes
+])
+def test_an_sbom_that_does_not_describe_this_image_exactly_is_refused(change):
+    doc = sbom(inventory=SMALL)
+    change(doc)
+    assert attestations.sbom_binding(doc, DIGEST).startswith("the SBOM describes")
+
+
+@pytest.mark.parametrize("subject", [[], [{"digest": {"sha256": DIGEST[7:]}}, {"digest": {"sha256": OTHER[7:]}}],
+                                     [{"digest": "junk"}]])
+def test_a_provenance_naming_anything_but_this_digest_alone_is_refused(subject):
+    statement = {**provenance(None), "subject": subject}
+    assert attestations.provenance_binding(statement, DIGEST).startswith("the provenance is for")
+    assert attestations.provenance_binding({**statement, "predicateType": "x"}, DIGEST) == (
+        "the provenance is not an SLSA provenance statement")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from builder.boundary import host, registry
 from builder.errors import UserError
+from builder.model import attestations
 from builder.steps import publish
 from builder.steps import verify as hostverify
 
@@ -85,3 +88,52 @@ def test_gpu_host_without_toolkit():
     if not hostverify.shutil.which("nvidia-container-runtime-hook"):
         assert not use_gpus
         assert any("NVIDIA Container Toolkit" in fix for _, ok, _, fix in rows if ok is False)
+
+
+# --- verify: attestations count only for the image they name (registry stubbed at its boundary) ----------
+
+IMG = "sha256:" + "ab" * 32
+OTHER = "sha256:" + "cd" * 32
+
+
+def stored_beside(monkeypatch, *docs: tuple[str, dict]) -> None:
+    """The registry serves these referrers for IMG, each with an OCI subject of IMG (the index-level check passes)."""
+    found = [{"artifactType": kind, "digest": f"sha256:{n:064x}"} for n, (kind, _) in enumerate(docs)]
+    payloads = {d["digest"]: json.dumps(doc).encode() for d, (_, doc) in zip(found, docs)}
+    monkeypatch.setattr(registry, "referrers", lambda repo, digest: found if digest == IMG else [])
+    monkeypatch.setattr(registry, "referrer_payload", lambda repo, d, digest: payloads[d["digest"]])
+
+
+def docs_for(digest: str) -> tuple[tuple[str, dict], tuple[str, dict]]:
+    sbom = attestations.sbom("t", "reg.example/t", digest, {}, "now", {"ID": "debian", "VERSION_ID": "12"})
+    statement = attestations.provenance(
+        repository="reg.example/t", digest=digest, entry={"tag": "t"}, locks={}, source={"uri": "u", "revision": "r"},
+        build={}, gate={"passed": True, "level": {"kind": "gpu", "gpu_count": 8, "gpu_model": "H100"}},
+        builder_id="https://ci.example/run/1", started=None, finished="now")
+    return (attestations.SBOM_TYPE, sbom), (attestations.PROVENANCE_TYPE, statement)
+
+
+def test_verify_shows_attestations_that_name_this_image(monkeypatch):
+    stored_beside(monkeypatch, *docs_for(IMG))
+    found = hostverify.attestations_of(f"reg.example/t@{IMG}", None, strict=True)
+    assert found["sbom"] and found["provenance"] and found["problem"] is None
+    assert found["lines"][0].startswith("provenance: bound to this digest; built by https://ci.example/run/1")
+
+
+def test_verify_ignores_another_images_attestations_and_uses_the_bound_ones(monkeypatch):
+    """The registry lists B's SBOM and provenance (their OCI subject rewritten to A) before A's own: B's are
+    ignored with one warning line each, and what is shown is A's."""
+    stored_beside(monkeypatch, *docs_for(OTHER), *docs_for(IMG))
+    found = hostverify.attestations_of(f"reg.example/t@{IMG}", None)
+    assert found["sbom"] and found["provenance"] and found["problem"] is None
+    warnings = [line for line in found["lines"] if line.startswith("warning: ignored the referrer")]
+    assert len(warnings) == 2 and "describes sha256:cdcd" in warnings[0] and "is for sha256:cdcd" in warnings[1]
+
+
+def test_verify_never_shows_another_images_gate_and_strict_mode_fails(monkeypatch):
+    stored_beside(monkeypatch, *docs_for(OTHER))
+    found = hostverify.attestations_of(f"reg.example/t@{IMG}", None)
+    assert not found["sbom"] and not found["provenance"] and found["problem"] is None
+    assert not any("built by" in line or line.startswith("gate:") for line in found["lines"])
+    strict = hostverify.attestations_of(f"reg.example/t@{IMG}", None, strict=True)
+    assert strict["problem"].startswith("ignored the referrer") and "not this image" in strict["problem"]
