@@ -272,6 +272,14 @@ def descriptor(repo: Repository, reference: str, config: Path | None = None) -> 
 
 def manifest(repo: Repository, reference: str, config: Path | None = None) -> tuple[dict, str, str] | None:
     """(manifest, media type, digest) for repo:reference, None when absent; the digest is checked."""
+    found = _manifest_bytes(repo, reference, config)
+    if found is None:
+        return None
+    doc, resp, digest = found
+    return doc, resp.headers.get("Content-Type", ""), digest
+
+
+def _manifest_bytes(repo: Repository, reference: str, config: Path | None) -> tuple[dict, web.Answer, str] | None:
     resp = call(repo, "GET", f"manifests/{reference}", config, {"Accept": ACCEPT})
     if resp is None:
         return None
@@ -281,7 +289,20 @@ def manifest(repo: Repository, reference: str, config: Path | None = None) -> tu
     doc = _parse(resp.body, f"the manifest {repo.ref}:{reference[:80]}")
     if not isinstance(doc, dict):
         raise BadAnswer(f"the manifest {repo.ref}:{reference[:80]} is not a JSON object")
-    return doc, resp.headers.get("Content-Type", ""), digest
+    return doc, resp, digest
+
+
+def checked_descriptor(repo: Repository, digest: str, config: Path | None = None) -> dict | None:
+    """The descriptor (mediaType, digest, size) of repo@digest computed from the manifest's own bytes, whose
+    sha256 must be `digest`: what attestations name as their subject. descriptor() is the registry's HEAD
+    answer (headers it may get wrong, or lie in); this takes nothing from headers the bytes can say."""
+    found = _manifest_bytes(repo, _digest(digest, f"the subject in {repo.ref}"), config)
+    if found is None:
+        return None
+    doc, resp, _ = found
+    media = doc.get("mediaType") if isinstance(doc.get("mediaType"), str) else None
+    return {"mediaType": media or resp.headers.get("Content-Type", "").split(";")[0], "digest": digest,
+            "size": len(resp.body)}
 
 
 def blob(repo: Repository, digest: str, config: Path | None = None) -> bytes | None:

@@ -311,8 +311,49 @@ def _local_digests(image, repo) -> set[str]:
     return {d.split("@", 1)[1] for d in image.attrs.get("RepoDigests", []) if d.split("@", 1)[0] == repo.ref}
 
 
+def _pin(value) -> str | None:
+    """A pin as facts (null), labels ("none") and the matrix (None) each spell "not installed"."""
+    return None if value in (None, "", "none") else str(value)
+
+
+def binding_problem(entry, facts: dict, labels: dict, build: dict) -> str | None:
+    """The first way the image's own facts (/opt/train-image/image.json) and labels contradict the entry it
+    would be published as, one line naming the field; None when they agree. A label the image lacks is not
+    compared (its facts are); the input hash is compared when the build report is of this image."""
+    prefix = "io.train-images"
+    tags = {"facts": facts.get("tag"), "label": labels.get(f"{prefix}.tag", entry.tag)}
+    for where, tag in tags.items():
+        if tag != entry.tag:
+            return f"tag: the image's {where} say {str(tag)[:80]!r}, the entry is {entry.tag!r}"
+    pins = facts.get("pins") if isinstance(facts.get("pins"), dict) else {}
+    for name in sorted(set(entry.pins) | set(pins)):
+        want, said = _pin(entry.pins.get(name)), _pin(pins.get(name))
+        label = labels.get(f"{prefix}.pin.{name}")
+        if said != want:
+            return f"pin {name}: the image's facts say {said}, the entry pins {want}"
+        if label is not None and _pin(label) != want:
+            return (f"pin {name}: the image's label {prefix}.pin.{name} says {str(label)[:80]}, its facts and the "
+                    f"entry {want}")
+    built, label = build.get("input_hash"), labels.get(f"{prefix}.input-hash")
+    if built and label != built:
+        return (f"input hash: the image's label {prefix}.input-hash is {str(label)[:19]}, its build report's "
+                f"{str(built)[:19]}")
+    return None
+
+
+def build_report(entry, image) -> dict:
+    """The build report when it is of this image; else {}: claim nothing from another image's report."""
+    build = reports.read(entry.tag, "build", required=False) or {}
+    return build if build.get("image_id") == image.id else {}
+
+
 def publish_one(entry, args: Options, config: Path | None) -> dict:
     image, smoke, exceptions = gate(entry, args)
+    facts, build = inspect.read_facts(image), build_report(entry, image)  # what the image says it is
+    wrong = binding_problem(entry, facts, image.labels or {}, build)
+    if wrong:
+        raise StepFailed(f"{entry.tag}: refusing to publish: the image is not the entry's: {wrong}",
+                         f"rebuild it from this checkout: python -m builder build {entry.tag}")
     locks = image_locks(entry, image)  # before anything is pushed: the provenance must be true of this checkout
     audited = audit_gate(entry, image, args)
     labels = image.labels or {}
@@ -339,7 +380,8 @@ def publish_one(entry, args: Options, config: Path | None) -> dict:
         raise StepFailed(f"{repo.ref}:{full}: the registry serves {served}, the push reported {pushed}, the local "
                          f"image records {sorted(local) or 'none'}",
                          "the alias was not moved; investigate the registry")
-    attached = attest(entry, repo, served, image, smoke, locks, audited, config, args.retries)
+    evidence = {"smoke": smoke, "locks": locks, "audit": audited, "facts": facts, "build": build}
+    attached = attest(entry, repo, pushed, image, evidence, config, args.retries)
     _after_full_push(repo, served)
     tag_image(config, image.id, f"{repo.ref}:{entry.tag}")
     alias_pushed = retrying(f"push {repo.ref}:{entry.tag}", lambda: push(config, f"{repo.ref}:{entry.tag}", repo.host),
@@ -356,16 +398,13 @@ def publish_one(entry, args: Options, config: Path | None) -> dict:
     return report
 
 
-def attest(entry, repo, digest: str, image, smoke: dict, locks: dict, audited: dict | None, config,
-           tries: int) -> dict:
+def attest(entry, repo, digest: str, image, evidence: dict, config, tries: int) -> dict:
     """SBOM and provenance for the pushed digest, stored beside it as OCI referrers (before the alias moves,
-    so the alias never names an image without them); copies in build/attest/<tag>/ for signing in CI."""
+    so the alias never names an image without them); copies in build/attest/<tag>/ for signing in CI.
+    evidence: the smoke report, locks, audit, the image's facts and its build report, all read before the push."""
     now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     inventory = inspect.inventory(image.id)
-    build = reports.read(entry.tag, "build", required=False) or {}
-    if build.get("image_id") != image.id:
-        build = {}  # the build report is of another image: claim nothing from it
-    facts = inspect.read_facts(image)  # what the image says it is, not what the checkout says now
+    smoke, audited = evidence["smoke"], evidence["audit"]
     os_release = attestations.parse_os_release(inspect.read_os_release(image))
     labels = image.labels or {}
     source = {"uri": labels.get("org.opencontainers.image.source", ""),
@@ -373,10 +412,16 @@ def attest(entry, repo, digest: str, image, smoke: dict, locks: dict, audited: d
     docs = {
         attestations.SBOM_TYPE: attestations.sbom(entry.tag, repo.ref, digest, inventory, now, os_release),
         attestations.PROVENANCE_TYPE: attestations.provenance(
-            repository=repo.ref, digest=digest, entry=facts, locks=locks, source=source, build=build, gate=smoke,
-            builder_id=builder_identity(), started=smoke.get("finished_at"), finished=now, audit=audited),
+            repository=repo.ref, digest=digest, entry=evidence["facts"], locks=evidence["locks"], source=source,
+            build=evidence["build"], gate=smoke, builder_id=builder_identity(), started=smoke.get("finished_at"),
+            finished=now, audit=audited),
     }
-    subject = retrying(f"read back {repo.ref}@{digest}", lambda: registry.descriptor(repo, digest, config), tries)
+    # The subject is the manifest whose bytes hash to the pushed digest: never the registry's HEAD answer.
+    subject = retrying(f"read back {repo.ref}@{digest}", lambda: registry.checked_descriptor(repo, digest, config),
+                       tries)
+    if subject is None:
+        raise StepFailed(f"{repo.ref}@{digest}: the registry does not serve the manifest just pushed",
+                         "the alias was not moved; investigate the registry")
     out_dir = paths.ATTEST_DIR / entry.tag
     stored = {}
     for kind, doc in docs.items():

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
 
-from builder.boundary import host, registry
-from builder.errors import UserError
-from builder.model import attestations
-from builder.steps import publish
+from builder.boundary import host, inspect, registry, web
+from builder.errors import StepFailed, UserError
+from builder.model import attestations, matrix
+from builder.steps import publish, render
 from builder.steps import verify as hostverify
 
 PINS = {"torch": "2.13.0", "transformers": "5.24.0", "deepspeed": "0.19.8", "peft": "0.21.2",
@@ -137,3 +138,94 @@ def test_verify_never_shows_another_images_gate_and_strict_mode_fails(monkeypatc
     assert not any("built by" in line or line.startswith("gate:") for line in found["lines"])
     strict = hostverify.attestations_of(f"reg.example/t@{IMG}", None, strict=True)
     assert strict["problem"].startswith("ignored the referrer") and "not this image" in strict["problem"]
+
+
+# --- publish: the image must be the entry's, and the subject is the manifest whose bytes were pushed ------
+
+
+@pytest.fixture
+def entry(project):
+    return matrix.load(project / "matrix.yaml").entries[0]
+
+
+def labels_of(entry, **extra) -> dict:
+    pins = {f"io.train-images.pin.{name}": version or "none" for name, version in entry.pins.items()}
+    return {"io.train-images.tag": entry.tag, "io.train-images.input-hash": "sha256:" + "1" * 64, **pins, **extra}
+
+
+def test_an_image_built_as_its_entry_binds(entry):
+    build = {"input_hash": "sha256:" + "1" * 64}
+    assert publish.binding_problem(entry, render.facts(entry), labels_of(entry), build) is None
+    assert publish.binding_problem(entry, render.facts(entry), {}, {}) is None  # labels absent: facts compared
+
+
+@pytest.mark.parametrize("facts,labels,field", [
+    (lambda f: {**f, "tag": "cu999-other"}, {}, "tag: the image's facts say 'cu999-other'"),
+    (lambda f: f, {"io.train-images.tag": "cu999-other"}, "tag: the image's label say 'cu999-other'"),
+    (lambda f: {**f, "pins": {**f["pins"], "torch": "9.9.9"}}, {}, "pin torch: the image's facts say 9.9.9"),
+    (lambda f: f, {"io.train-images.pin.torch": "9.9.9"}, "pin torch: the image's label io.train-images.pin.torch "
+                                                          "says 9.9.9"),
+    (lambda f: f, {"io.train-images.input-hash": "sha256:" + "2" * 64}, "input hash: the image's label"),
+])
+def test_an_image_that_is_not_its_entry_is_named_by_field(entry, facts, labels, field):
+    problem = publish.binding_problem(entry, facts(render.facts(entry)), labels_of(entry, **labels),
+                                      {"input_hash": "sha256:" + "1" * 64})
+    assert problem.startswith(field), problem
+
+
+class FakeImage:
+    id = "sha256:" + "9" * 64
+    attrs = {"RepoDigests": []}
+
+    def __init__(self, labels: dict):
+        self.labels = labels
+
+    def reload(self) -> None:
+        pass
+
+
+def stub_publish(monkeypatch, entry, facts: dict, pushed: str, served: str) -> list[str]:
+    """publish_one with its boundary stubbed: no engine, no registry; returns the refs pushed, in order."""
+    image = FakeImage(labels_of(entry))
+    image.attrs = {"RepoDigests": [f"reg.example/train@{pushed}"]}
+    monkeypatch.setattr(publish, "gate", lambda e, o: (image, {"finished_at": "now"}, []))
+    monkeypatch.setattr(publish, "image_locks", lambda e, i: {})
+    monkeypatch.setattr(inspect, "read_facts", lambda i: facts)
+    monkeypatch.setattr(publish, "tag_image", lambda c, i, ref: None)
+    pushes: list[str] = []
+    # Before the push the full tag is absent; after it the registry claims `served`.
+    monkeypatch.setattr(publish, "_read_back", lambda repo, ref, c, t: served if pushes else None)
+    monkeypatch.setattr(publish, "push", lambda c, ref, host: pushes.append(ref) or pushed)
+    monkeypatch.setattr(publish, "attest", lambda *a: pytest.fail("attested a digest that was not checked"))
+    return pushes
+
+
+def test_publish_refuses_an_image_built_for_another_tag_before_any_push(entry, monkeypatch):
+    pushes = stub_publish(monkeypatch, entry, {**render.facts(entry), "tag": "cu999-other"}, IMG, IMG)
+    with pytest.raises(StepFailed, match="refusing to publish: the image is not the entry's: tag: "):
+        publish.publish_one(entry, publish.Options(registry="reg.example", date="20261202"), None)
+    assert pushes == []
+
+
+def test_the_alias_never_moves_to_a_digest_the_registry_claims_but_was_not_pushed(entry, monkeypatch):
+    pushes = stub_publish(monkeypatch, entry, render.facts(entry), pushed=IMG, served=OTHER)
+    with pytest.raises(StepFailed, match="the alias was not moved"):
+        publish.publish_one(entry, publish.Options(registry="reg.example", date="20261202"), None)
+    assert len(pushes) == 1 and not pushes[0].endswith(f":{entry.tag}")
+
+
+def answer(body: bytes, **headers) -> web.Answer:
+    return web.Answer(200, {"Content-Type": "application/vnd.docker.distribution.manifest.list.v2+json",
+                            "Content-Length": "1", **headers}, body, "https://reg.example/")
+
+
+def test_the_attestation_subject_comes_from_the_pushed_bytes_not_the_registrys_headers(monkeypatch):
+    raw = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json"})
+    digest = "sha256:" + hashlib.sha256(raw.encode()).hexdigest()
+    monkeypatch.setattr(registry, "call", lambda *a, **k: answer(raw.encode()))  # headers lie about type and size
+    repo = registry.Repository("reg.example", "train")
+    assert registry.checked_descriptor(repo, digest) == {
+        "mediaType": "application/vnd.docker.distribution.manifest.v2+json", "digest": digest, "size": len(raw)}
+    monkeypatch.setattr(registry, "call", lambda *a, **k: answer(b'{"other": "manifest"}'))
+    with pytest.raises(StepFailed, match=f"not {digest}"):
+        registry.checked_descriptor(repo, digest)
