@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
 from builder.model import compat
@@ -32,8 +30,11 @@ def test_refresh_lists_flash_attn_releases_and_writes_nothing(tmp_path, capsys):
     path = tmp_path / "compat.yaml"
     original = (compat.resources.files("builder") / "data/compat.yaml").read_text()
     path.write_text(original)
-    args = argparse.Namespace(write=False, flash_attn_git=None, since="2.0", compat_file=str(path))
-    assert refresh.main(args) == 0
+    code = refresh.main(refresh.Options(compat_file=str(path)))
+    out = capsys.readouterr().out
+    # PyPI moves on (new torch minors, new flash-attn posts): then it lists each difference and exits 1, so a
+    # scheduled job notices; when the data agrees it exits 0. Either way it writes nothing without --write.
+    assert (code, bool(out.strip())) in ((0, False), (refresh.DIFFERENCES_EXIT, True)), out[-2000:]
     versions = refresh._flash_versions()
     assert "2.8.3" in versions and "2.7.4.post1" in versions
     assert path.read_text() == original
