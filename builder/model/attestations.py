@@ -227,15 +227,21 @@ def provenance_binding(statement, digest: str) -> str | None:
 BINDING = {SBOM_TYPE: sbom_binding, PROVENANCE_TYPE: provenance_binding}
 
 
+def _not_shown(kind: str, doc: dict | None, binding, digest: str) -> str | None:
+    """Why `doc` is not summarised (absent, or about another image), or None when it is bound to `digest`."""
+    if doc is None:
+        return f"{kind}: none found for this digest"
+    why = binding(doc, digest)
+    return f"{kind}: NOT for this digest, ignored: {why}" if why else None
+
+
 def summary(sbom_doc: dict | None, statement: dict | None, digest: str) -> list[str]:
     """What a user reads in `verify`: who built it, from what, which gate, how many packages; or what is off.
     A document that names another image is never summarised: its "built by" and gate are another image's."""
     lines = []
-    unbound = provenance_binding(statement, digest) if statement is not None else None
-    if statement is None:
-        lines.append("provenance: none found for this digest")
-    elif unbound:
-        lines.append(f"provenance: NOT for this digest, ignored: {unbound}")
+    off = _not_shown("provenance", statement, provenance_binding, digest)
+    if off:
+        lines.append(off)
     else:
         pred = statement.get("predicate", {})
         params = pred.get("buildDefinition", {}).get("externalParameters", {})
@@ -255,11 +261,9 @@ def summary(sbom_doc: dict | None, statement: dict | None, digest: str) -> list[
                       if b.get("name") == "vulnerability-audit"), None)
         lines.append(audit.get("summary", "audit: ?") if audit else "audit: none recorded (published without "
                                                                      "--max-severity)")
-    unbound = sbom_binding(sbom_doc, digest) if sbom_doc is not None else None
-    if sbom_doc is None:
-        lines.append("sbom: none found for this digest")
-    elif unbound:
-        lines.append(f"sbom: NOT for this digest, ignored: {unbound}")
+    off = _not_shown("sbom", sbom_doc, sbom_binding, digest)
+    if off:
+        lines.append(off)
     else:
         pkgs = sbom_doc.get("packages", [])
         def count(kind: str) -> int:
