@@ -32,14 +32,15 @@ def write_failed(path, exc: OSError) -> EnvironmentProblem:
     return EnvironmentProblem(f"cannot write {where} ({reason})", "make it writable, or run from a writable checkout")
 
 
-def write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    """`path` holds `text` whole or not at all (a temp file beside it, renamed); mode 0o600 for a credential."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
             fh.write(text)
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -162,14 +162,16 @@ SESSION_LOST = re.compile(r"no active session for \S+: context deadline exceeded
 def run(spec: BuildSpec, image_labels: Mapping[str, str], inputs: Inputs) -> tuple[int, str, str]:
     """Run the build; returns (exit code, combined output, the command as shown), secrets masked in all three.
     A build that failed only because BuildKit lost its session is run once more, and says so."""
-    for attempt in (1, 2):
+    def attempt():
         with secret_files(inputs) as secrets:
-            proc = engine.run_cli(argv(spec, secrets, image_labels), mask=tuple(inputs.secret_values))
-        if proc.returncode == 0 or attempt == 2 or not SESSION_LOST.search(proc.stdout):
-            return proc.returncode, proc.stdout, proc.shown
+            return engine.run_cli(argv(spec, secrets, image_labels), mask=tuple(inputs.secret_values))
+
+    proc = attempt()
+    if proc.returncode != 0 and SESSION_LOST.search(proc.stdout):
         log.info("warning: BuildKit lost this build's client session (a known transient under load, "
                  "moby/buildkit#6422): building once more")
-    raise AssertionError("unreachable")
+        proc = attempt()
+    return proc.returncode, proc.stdout, proc.shown
 
 
 DISK_FULL_HINT = ("free space where the Docker engine keeps its data (`docker info -f '{{.DockerRootDir}}'`): "

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
@@ -222,7 +222,7 @@ def add_arguments(p) -> None:
 
 
 def prepare(entries, options: Options) -> Options:
-    return Options(**{**options.__dict__, "inputs": options.inputs.resolved()})
+    return replace(options, inputs=options.inputs.resolved())
 
 
 def check(entry: Entry) -> Done:

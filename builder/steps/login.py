@@ -13,7 +13,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from builder import log
+from builder import fsutil, log
 from builder.boundary import registry
 from builder.errors import EnvironmentProblem, UserError
 from builder.model.plan import default_registry
@@ -46,12 +46,8 @@ def store(host: str, username: str, password: str) -> str:
         raise EnvironmentProblem(f"{path}: unreadable Docker config ({exc})", "fix or remove it") from None
     token = base64.b64encode(f"{username}:{password}".encode()).decode()
     data.setdefault("auths", {})[host] = {"auth": token}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # a credential: never readable by others
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        out.write(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    # A credential: never readable by others (mkstemp's 0600 from the start, kept by the rename).
+    fsutil.write_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n", mode=0o600)
     return str(path)
 
 
