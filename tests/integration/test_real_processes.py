@@ -70,13 +70,18 @@ def test_one_process_per_tag(project, capsys):
         env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
         assert holder.stdout.readline().strip() == "held"
-        assert run_cli("lock", "--check", "cu130-torch2.13-bookworm") == 3
+        assert run_cli("lock", "cu130-torch2.13-bookworm") == 3
         err = capsys.readouterr().err
         assert f"`build` (pid {holder.pid}) is working on this tag right now" in err
+        # `lock --check` only reads the committed locks: it runs beside the build instead of waiting for it.
+        run_cli("lock", "--check", "cu130-torch2.13-bookworm")
+        assert "is working on this tag" not in capsys.readouterr().err
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
-    assert run_cli("lock", "--check", "cu130-torch2.13-bookworm") != 3
+    from builder import fsutil
+    with fsutil.tag_lock("cu130-torch2.13-bookworm", "lock"):  # free again: no EnvironmentProblem
+        pass
 
 
 def test_smoke_modules_do_not_import_torch():
