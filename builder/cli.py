@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from builder import fsutil, runner
+from builder import fsutil, log, runner
 from builder.errors import BuilderError
 from builder.model import compat, matrix
 from builder.model.inputs import Inputs
@@ -76,9 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _print_error(exc: BuilderError, prefix: str = "") -> None:
     for line in str(exc.message).splitlines() or [""]:
-        print(f"error: {prefix}{line}", file=sys.stderr)
+        log.info(f"error: {prefix}{line}")  # cleaned there: a message may quote what an engine or registry sent
     if exc.hint:
-        print(f"hint: {exc.hint}", file=sys.stderr)
+        log.info(f"hint: {exc.hint}")
 
 
 def _matrix(args) -> matrix.Matrix | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import sys
 import time
@@ -12,10 +13,24 @@ from contextlib import contextmanager
 from builder import errors
 
 _OK, _FAIL = "✓", "✕"
+# C0 controls but newline and tab, DEL, C1 controls: what moves a terminal's cursor, retitles its window or
+# starts an escape sequence. Registries, engines, images and gates put text in our output; none of it may.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def clean(text: str) -> str:
+    """`text` with each control character shown as `\\xNN` instead of sent to the terminal."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
 
 
 def info(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    """A line for the user on stderr (progress, warnings, errors): the one way to stderr, cleaned."""
+    print(clean(message), file=sys.stderr, flush=True)
+
+
+def out(message: str = "", end: str = "\n") -> None:
+    """A result on stdout (a verdict, a table), cleaned like info()."""
+    print(clean(message), end=end, flush=True)
 
 
 def output(line: str, secrets: Sequence[str] = ()) -> None:

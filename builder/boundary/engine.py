@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -34,15 +35,28 @@ def address() -> str:
 @contextmanager
 def answering(what: str) -> Iterator[None]:
     """The engine going away while we talk to it (stopped, restarted, crashed: the SDK's connection is
-    refused or reset) is the machine's fault, exit 3 with how to bring it back, not a traceback."""
+    refused or reset) is the machine's fault, exit 3 with how to bring it back, not a traceback. So is an
+    answer that is not JSON where the Engine API sends JSON."""
     from requests.exceptions import ConnectionError as RequestsConnectionError
+    from requests.exceptions import InvalidJSONError
 
     try:
         yield
     except RequestsConnectionError as exc:
-        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:160]
-        raise EnvironmentProblem(f"the Docker engine at {address()} stopped answering {what} ({reason})",
+        raise EnvironmentProblem(f"the Docker engine at {address()} stopped answering {what} ({_reason(exc)})",
                                  GONE_HINT) from None
+    except InvalidJSONError as exc:
+        raise not_engine(f"answered {what} with something that is not JSON ({_reason(exc)})") from None
+
+
+def _reason(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:160]
+
+
+def not_engine(what: str) -> EnvironmentProblem:
+    """The thing at DOCKER_HOST answers, but not as a Docker engine does (exit 3: the machine's engine is wrong)."""
+    return EnvironmentProblem(f"the Docker engine at {address()} {what}",
+                              "check that DOCKER_HOST names a working Docker engine (`docker version`)")
 
 
 @dataclass(frozen=True)
@@ -84,22 +98,72 @@ def client() -> Client:
     )
 
 
+MAX_ANSWER = 64 << 20  # the engine's JSON answers are kilobytes, a whole gate's logs a few megabytes
+
+
 @functools.lru_cache(maxsize=1)
 def sdk():
-    """A Docker SDK client, after checking that an engine answers and supports BuildKit."""
+    """A Docker SDK client, after checking that an engine answers and supports BuildKit. The SDK asks for the
+    engine's API version itself; we ask first (bounded, checked) and hand it the version to use."""
     import docker
+    from requests.exceptions import RequestException
 
     try:
-        api = docker.from_env(timeout=600)
-        version = api.version()
-    except docker.errors.DockerException as exc:
-        raise EnvironmentProblem(f"no Docker engine answers at {address()} ({str(exc).splitlines()[0][:160]})",
-                                 START_HINT) from None
-    server = version.get("Version", "0")
+        probe = _bounded(docker.from_env(version=docker.constants.DEFAULT_DOCKER_API_VERSION, timeout=60))
+        server, api_version = _versions(probe.api.version(api_version=False))
+        api = _bounded(docker.from_env(version=api_version, timeout=600))
+    except (docker.errors.DockerException, RequestException, ValueError) as exc:
+        # ValueError: an answer that is not JSON (the SDK does not wrap it), an unusable DOCKER_HOST.
+        raise EnvironmentProblem(f"no Docker engine answers at {address()} ({_reason(exc)})", START_HINT) from None
     major, minor = (int(x) for x in server.split(".")[:2])
     if (major, minor) < (18, 9):
         raise EnvironmentProblem(f"Docker engine {server} is too old for BuildKit", "upgrade to 18.09 or newer")
     return api
+
+
+def _versions(answer) -> tuple[str, str]:
+    """(engine version MAJOR.MINOR, API version) from GET /version, or exit 3 saying what came instead."""
+    server = answer.get("Version") if isinstance(answer, dict) else None
+    api_version = answer.get("ApiVersion") if isinstance(answer, dict) else None
+    found = re.match(r"([0-9]{1,4})\.([0-9]{1,4})", server) if isinstance(server, str) else None
+    if not found or not isinstance(api_version, str) or not re.fullmatch(r"1\.[0-9]{1,3}", api_version):
+        shown = (f"version {str(server)[:40]!r}, API version {str(api_version)[:40]!r}" if isinstance(answer, dict)
+                 else f"a JSON {type(answer).__name__}, not an object")
+        raise not_engine(f"answered GET /version with no usable version ({shown})")
+    return found.group(0), api_version
+
+
+def _bounded(client):
+    """`client` with every answer not read as a stream bounded to MAX_ANSWER bytes (see _read_bounded)."""
+    client.api.hooks["response"].append(_read_bounded)
+    return client
+
+
+def _read_bounded(response, *args, stream: bool = False, **kwargs):
+    """Read a whole answer here, at most MAX_ANSWER bytes, before requests would read all of it: a huge or
+    endless body is one error line, not all of the machine's memory. Streams (logs, archives) are bounded
+    by whoever reads them."""
+    if stream:
+        return response
+    declared = response.headers.get("Content-Length", "")
+    data = b"" if declared.isdigit() and int(declared) > MAX_ANSWER else \
+        response.raw.read(MAX_ANSWER + 1, decode_content=True)
+    if len(data) > MAX_ANSWER or not data and declared.isdigit() and int(declared) > MAX_ANSWER:
+        response.close()
+        raise not_engine(f"sent an answer of more than {MAX_ANSWER >> 20} MiB to {response.request.method} "
+                         f"{response.request.path_url[:80]!r}")
+    response._content, response._content_consumed = data, True
+    response.raw.release_conn()
+    return response
+
+
+def info() -> dict:
+    """GET /info, checked to be an object (verify and smoke read Runtimes and versions from it)."""
+    with answering("GET /info"):
+        found = sdk().info()
+    if not isinstance(found, dict) or not isinstance(found.get("Runtimes") or {}, dict):
+        raise not_engine("answered GET /info with something that is not the engine's description")
+    return found
 
 
 def run_cli(argv: list[str], mask: tuple[str, ...] = (), timeout: int | None = None, stream: bool = True,
@@ -113,9 +177,23 @@ def image_or_none(ref: str):
 
     try:
         with answering(f"while looking up {ref}"):
-            return sdk().images.get(ref)
+            image = sdk().images.get(ref)
     except docker.errors.ImageNotFound:
         return None
+    if not _is_image(image.attrs):
+        raise not_engine(f"answered the inspection of {ref} with something that is not an image "
+                         "(no sha256 Id, or Config, Labels or RepoDigests of the wrong kind)")
+    return image
+
+
+def _is_image(attrs) -> bool:
+    """What the callers read of an image inspection has the shape the Engine API documents."""
+    if not isinstance(attrs, dict) or not re.fullmatch(r"sha256:[0-9a-f]{64}", str(attrs.get("Id"))):
+        return False
+    config, digests = attrs.get("Config"), attrs.get("RepoDigests") or []
+    labels = config.get("Labels") or {} if isinstance(config, dict) else None
+    return isinstance(labels, dict) and all(isinstance(v, str) for v in labels.values()) \
+        and isinstance(digests, list) and all(isinstance(d, str) and "@" in d for d in digests)
 
 
 def run_container(image: str, command: list[str], *, timeout: int, network: str = "none",

@@ -78,10 +78,10 @@ def main(options: Options, m=None) -> int:
         note["result"] = f"{len(verdict['findings'])} known vulnerabilities"
     rows = [[r["package"], r["version"], r["id"], r["level"], ", ".join(r["fixed_in"]) or "—",
              f"waived until {r['waived']['expires']}" if r["waived"] else "open"] for r in verdict["findings"]]
-    print(log.table(("package", "version", "vulnerability", "severity", "fixed in", "status"), rows) if rows
+    log.out(log.table(("package", "version", "vulnerability", "severity", "fixed in", "status"), rows) if rows
           else "(no known vulnerabilities in the audited Python packages)")
     for line in [f"not audited: {k} ({why})" for k, why in verdict["not_audited"].items()] + [verdict["os"]]:
-        print(line)
+        log.out(line)
     if tag:
         reports.write(tag, NAME, verdict)
     if options.json:
@@ -89,5 +89,5 @@ def main(options: Options, m=None) -> int:
     failed = audit.problems(verdict, options.waivers)
     for line in failed:
         log.info(f"error: {line}")
-    print(verdict["summary"])
+    log.out(verdict["summary"])
     return 1 if failed else 0

@@ -221,10 +221,10 @@ def main(options: Options, m) -> int:
             note["result"] = f"{manifests[-1]['totals']['files']} files in {manifests[-1]['stats']['seconds']}s"
     result = diff(*manifests)
     rows = [[c["change"], c["kind"], c["name"], c["where"], c["a"] or "—", c["b"] or "—"] for c in result["packages"]]
-    print(f"Packages: {refs[0]} → {refs[1]}")
-    print(log.table(("change", "kind", "package", "where", "A", "B"), rows) if rows else "(no package changes)")
-    print()
-    print(log.table(("directory", "A", "B", "change"),
+    log.out(f"Packages: {refs[0]} → {refs[1]}")
+    log.out(log.table(("change", "kind", "package", "where", "A", "B"), rows) if rows else "(no package changes)")
+    log.out()
+    log.out(log.table(("directory", "A", "B", "change"),
                     [[s["dir"], f"{s['a'] / 1e6:.1f} MB", f"{s['b'] / 1e6:.1f} MB", _mb(s["delta"])]
                      for s in result["sizes"] if s["a"] or s["b"]]))
     counts = result["counts"]

@@ -20,5 +20,5 @@ def main(options: matrix.Selection, m: matrix.Matrix) -> int:
     known = proof.levels()
     rows = [[e.tag, e.torch, e.cuda, e.python, e.pins["transformers"], e.pins["deepspeed"],
              e.pins["flash-attn"] or "—", proof.phrase(e, known)] for e in options.entries(m)]
-    print(log.table(HEADERS, rows))
+    log.out(log.table(HEADERS, rows))
     return 0

@@ -205,7 +205,7 @@ def main(args: Options, m=None) -> int:
         log.info(f"{path} agrees with PyPI" + (" and the release files" if args.flash_attn_git else ""))
         return 0
     for c in changes:
-        print(c.render())
+        log.out(c.render())
     if not args.write:
         # Non-zero so a scheduled job notices that compat.yaml fell behind the releases.
         log.info(f"{len(changes)} differences; review them, then run with --write to apply them to {path}")

@@ -45,7 +45,7 @@ def prepare(entries, options: Options) -> None:
         raise UserError("--image needs exactly one tag")
     if options.timeout < 30:
         raise UserError(f"--timeout {options.timeout}: a check needs at least 30 seconds")
-    info = engine.sdk().info()
+    info = engine.info()
     if options.cpu or options.gpus:
         return None
     found, source = host.gpus()

@@ -238,7 +238,7 @@ def check_signatures(args: Options, identity: cosign.Identity | None) -> dict:
         note["result"] = "valid" if signed["ok"] else "NOT valid"
         if args.require_signature and not signed["ok"]:
             for line in signed["lines"]:
-                print(f"  {line}")
+                log.out(f"  {line}")
             raise StepFailed(f"{args.image} is not signed by {identity.describe()}",
                              "do not use this image; check the identity you expect (docs/publishing.md)")
     return signed
@@ -285,9 +285,9 @@ def main(args: Options, m=None) -> int:
     identity = signer(args)
     if args.signatures_only:
         signed = check_signatures(replace(args, require_signature=True), identity)
-        print(f"✓ PASS: {args.image}: digest and attestations signed")
+        log.out(f"✓ PASS: {args.image}: digest and attestations signed")
         for line in signed["lines"]:
-            print(f"  {line}")
+            log.out(f"  {line}")
         return 0
     # Signatures first: nothing unsigned is pulled or run, and what runs is the digest that was checked.
     signed = check_signatures(args, identity)
@@ -299,7 +299,7 @@ def main(args: Options, m=None) -> int:
         note["result"] = f"{facts.get('tag')}: torch {facts.get('pins', {}).get('torch')}, CUDA {facts.get('cuda')}"
     with log.step("host") as note:
         gpus, source = host.gpus()
-        rows, use_gpus = host_checks(facts, engine.sdk().info(), gpus, source, args.cpu)
+        rows, use_gpus = host_checks(facts, engine.info(), gpus, source, args.cpu)
         note["result"] = f"{len(gpus)} GPU(s), gate in {'GPU' if use_gpus else 'CPU'} mode"
     why_cpu = ("--cpu was given" if args.cpu else "no usable GPU here" if not gpus
                else "the host checks above failed")
@@ -324,7 +324,7 @@ def main(args: Options, m=None) -> int:
         ok = False
         lines[0] = lines[0].replace("✓ PASS", "✕ FAIL")
     for line in lines:
-        print(line)
+        log.out(line)
     if args.json:
         _write_verdict(args.json, {"image": args.image, "image_id": image.id, "passed": ok, "gpu_mode": use_gpus,
                                       "host": [dict(zip(("check", "ok", "detail", "fix"), r)) for r in rows],
