@@ -48,6 +48,15 @@ def _norm(name: str) -> str:
     return name or "."
 
 
+def _inside(name: str, what: str = "member") -> str:
+    """`name` as a path in the image's root; a `..` that climbs out of it is refused, as Docker refuses to apply
+    such a layer (an absolute name is under the root, as Docker applies it)."""
+    if posixpath.normpath(name.lstrip("/") or ".").split("/")[0] == "..":
+        raise UserError(f"a layer {what} leaves the image's root: {name[:120]!r}",
+                        "this archive was crafted or damaged; Docker would refuse to load it")
+    return _norm(name)
+
+
 def _keep(path: str) -> bool:
     return path in _KEEP_PATHS or path.endswith(_KEEP_SUFFIXES)
 
@@ -58,7 +67,7 @@ def read_layer(stream) -> dict:
     whiteouts, opaque, total = [], [], 0
     buf = bytearray(CHUNK)
     for member, data in tarstream.members(stream):
-        path = _norm(member.name)
+        path = _inside(member.name)
         base = posixpath.basename(path)
         if base == OPAQUE:
             opaque.append(posixpath.dirname(path) or ".")
@@ -73,10 +82,11 @@ def read_layer(stream) -> dict:
         elif member.islnk():
             # A hard link's bytes are its target's; which name tar stores first is arbitrary, so the
             # manifest shows both names as plain files with the same content.
-            source = entries.get(_norm(member.linkname))
+            target = _inside(member.linkname, "hard link's target")
+            source = entries.get(target)
             if source is None or source["type"] != "file":
                 entry["type"] = "hardlink"
-                entry["target"] = _norm(member.linkname)
+                entry["target"] = target
             else:
                 entry.update({k: source[k] for k in ("size", "sha256")})
                 if "content" in source:
@@ -104,6 +114,28 @@ def _hash(data, buf: bytearray, keep: bool) -> tuple[str, bytes | None]:
 
 
 # --- docker save ---------------------------------------------------------------------------------------
+
+
+class _Hashing(io.RawIOBase):
+    """A layer's bytes as read, hashed on the way: its digest is checked against the image config's diff_id."""
+
+    def __init__(self, raw):
+        self.raw, self.digest = raw, hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        n = self.raw.readinto(buf)
+        self.digest.update(memoryview(buf)[:n])
+        return n
+
+    def drained(self) -> str:
+        """The sha256 of every byte, after reading what the tar reader left (the end-of-archive padding)."""
+        scratch = bytearray(CHUNK)
+        while self.readinto(scratch):
+            pass
+        return "sha256:" + self.digest.hexdigest()
 
 
 class _Peek(io.RawIOBase):
@@ -160,7 +192,9 @@ def _read_save(stream) -> dict:
             raw = io.BufferedReader(_Peek(head, data), CHUNK)
             if head[:2] == b"\x1f\x8b":  # OCI layouts may keep layers compressed
                 raw = io.BufferedReader(gzip.GzipFile(fileobj=raw), CHUNK)
-            layers[member.name] = read_layer(raw)
+            hashing = _Hashing(raw)
+            layers[member.name] = read_layer(io.BufferedReader(hashing, CHUNK))
+            layers[member.name]["diff_id"] = hashing.drained()
         elif member.size <= MAX_BLOB:
             blobs[member.name] = head + data.read()
     if "manifest.json" not in blobs:
@@ -179,7 +213,19 @@ def _read_save(stream) -> dict:
     missing = [name for name in top["Layers"] if name not in layers]
     if missing:
         raise UserError(f"the archive lacks layers {[m[:80] for m in missing[:3]]}")
+    _check_diff_ids(top["Layers"], layers, config["rootfs"]["diff_ids"] if "rootfs" in config else [])
     return {"config": config, "config_name": top["Config"], "order": top["Layers"], "layers": layers}
+
+
+def _check_diff_ids(order: list[str], layers: dict, diff_ids: list) -> None:
+    """Each layer's bytes hash to the diff_id the image config names for it (the image ID covers the config,
+    the config the layers): a layer swapped or altered inside the archive is refused, not listed."""
+    if len(diff_ids) != len(order):
+        raise UserError(f"the image config names {len(diff_ids)} layers, manifest.json {len(order)}")
+    for name, want in zip(order, diff_ids):
+        if layers[name]["diff_id"] != want:
+            raise UserError(f"layer {name[:80]} hashes to {layers[name]['diff_id'][:19]}…, its image config says "
+                            f"{str(want)[:19]}…", "this archive was altered or damaged; save the image again")
 
 
 @contextmanager

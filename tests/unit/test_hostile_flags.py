@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import tarfile
@@ -101,9 +102,10 @@ def _tar(members: dict[str, bytes], fmt=tarfile.USTAR_FORMAT) -> bytes:
     return buf.getvalue()
 
 
-def _save(layer_members=None, manifest=None, config=None, extra=None) -> bytes:
-    layer = _tar(layer_members or {"etc/hostname": b"box\n"})
-    config = config if config is not None else json.dumps({"rootfs": {"type": "layers", "diff_ids": ["sha256:" + "a" * 64]}}).encode()
+def _save(layer_members=None, manifest=None, config=None, extra=None, layer=None) -> bytes:
+    layer = layer or _tar(layer_members or {"etc/hostname": b"box\n"})
+    diff_id = "sha256:" + hashlib.sha256(layer).hexdigest()  # the layer's own digest, as Docker writes it
+    config = config if config is not None else json.dumps({"rootfs": {"type": "layers", "diff_ids": [diff_id]}}).encode()
     manifest = manifest if manifest is not None else json.dumps(
         [{"Config": "cfg.json", "RepoTags": ["x:1"], "Layers": ["l1/layer.tar"]}]).encode()
     return _tar({"cfg.json": config, "l1/layer.tar": layer, "manifest.json": manifest, **(extra or {})})
@@ -162,10 +164,44 @@ def test_device_is_not_read_as_an_archive(project, capsys, no_engine):
     assert_refused(project, capsys, ["manifest", "/dev/zero"], 2, "/dev/zero", "not a regular file")
 
 
-def test_tar_file_needs_no_engine_and_traversal_names_stay_inside(project, capsys, no_engine):
-    data = _save(layer_members={"../../etc/passwd": b"root:x:0:0\n", "usr/bin/tool": b"#!/bin/sh\n"})
+def test_tar_file_needs_no_engine_and_absolute_names_stay_inside(project, capsys, no_engine):
+    data = _save(layer_members={"/etc/passwd": b"root:x:0:0\n", "usr/bin/tool": b"#!/bin/sh\n"})
     (project / "image.tar").write_bytes(data)
     assert run_cli("manifest", "image.tar", "-o", "m.json") == 0, capsys.readouterr().err
     files = json.loads((project / "m.json").read_text())["files"]
-    assert set(files) == {"etc/passwd", "usr/bin/tool"}  # normalised into the image's root, nothing extracted
+    assert set(files) == {"etc/passwd", "usr/bin/tool"}  # under the image's root, as Docker applies it; nothing extracted
     assert not (project.parent.parent / "etc").exists()
+
+
+@pytest.mark.parametrize("members", [{"../../etc/passwd": b"root:x:0:0\n"}, {"usr/../../../x": b"x"}],
+                         ids=["dot-dot", "dot-dot-inside"])
+def test_layer_names_climbing_out_of_the_root_are_refused(project, capsys, no_engine, members):
+    """Docker refuses to apply such a layer (a breakout); the manifest does not list it as if it were inside."""
+    (project / "image.tar").write_bytes(_save(layer_members=members))
+    assert_refused(project, capsys, ["manifest", "image.tar"], 2, "image.tar", "leaves the image's root")
+
+
+def _links(kind: bytes, target: str) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("etc/link")
+        info.type, info.linkname = kind, target
+        tar.addfile(info)
+    return buf.getvalue()
+
+
+def test_hard_link_out_of_the_root_is_refused_and_a_symlink_is_only_listed(project, capsys, no_engine):
+    """A hard link's target is a path in the image (Docker refuses one that climbs out); a symlink's target is
+    text the manifest records, never followed: nothing on this machine is read or written through either."""
+    (project / "image.tar").write_bytes(_save(layer=_links(tarfile.LNKTYPE, "../../../etc/shadow")))
+    assert_refused(project, capsys, ["manifest", "image.tar"], 2, "image.tar", "hard link's target leaves")
+    (project / "image.tar").write_bytes(_save(layer=_links(tarfile.SYMTYPE, "../../../../etc/shadow")))
+    assert run_cli("manifest", "image.tar", "-o", "m.json") == 0, capsys.readouterr().err
+    link = json.loads((project / "m.json").read_text())["files"]["etc/link"]
+    assert link == {**link, "type": "symlink", "target": "../../../../etc/shadow"} and "sha256" not in link
+
+
+def test_layer_whose_bytes_are_not_its_diff_id_is_refused(project, capsys, no_engine):
+    config = json.dumps({"rootfs": {"type": "layers", "diff_ids": ["sha256:" + "a" * 64]}}).encode()
+    (project / "image.tar").write_bytes(_save(config=config))
+    assert_refused(project, capsys, ["manifest", "image.tar"], 2, "image.tar", "l1/layer.tar hashes to sha256:")

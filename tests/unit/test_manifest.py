@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import tarfile
@@ -38,9 +39,10 @@ def _tar(members: list[tuple[str, str, bytes | str | None]]) -> bytes:
 def fake_save(layers: list[list]) -> bytes:
     """A `docker save` archive (legacy layout) with the given layers, bottom first."""
     names = [f"l{i}/layer.tar" for i in range(len(layers))]
-    config = {"rootfs": {"type": "layers", "diff_ids": [f"sha256:{i:064x}" for i in range(len(layers))]}}
+    tars = [_tar(layer) for layer in layers]
+    config = {"rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(t).hexdigest() for t in tars]}}
     top = [{"Config": "abc123.json", "RepoTags": ["t:1"], "Layers": names}]
-    members = [(n, "file", _tar(layer)) for n, layer in zip(names, layers)]
+    members = [(n, "file", t) for n, t in zip(names, tars)]
     members += [("abc123.json", "file", json.dumps(config)), ("manifest.json", "file", json.dumps(top))]
     return _tar(members)
 
@@ -78,7 +80,8 @@ def test_layers_apply_with_whiteouts_and_opaque_dirs():
     assert m["python_packages"] == [{"name": "foo", "version": "1.0", "installer": "pip",
                                      "path": "venv/foo-1.0.dist-info"}]
     assert m["os_packages"] == [{"name": "bash", "version": "5.2.15-2+b7", "architecture": "amd64"}]
-    assert [x["diff_id"][-1] for x in m["layers"]] == ["0", "1"]
+    assert [x["diff_id"] for x in m["layers"]] == ["sha256:" + hashlib.sha256(_tar(x)).hexdigest()
+                                                   for x in (LOWER, UPPER)]
     assert m["config_digest"] == "sha256:abc123"
 
 
