@@ -114,7 +114,10 @@ def sdk():
         api = _bounded(docker.from_env(version=api_version, timeout=600))
     except (docker.errors.DockerException, RequestException, ValueError) as exc:
         # ValueError: an answer that is not JSON (the SDK does not wrap it), an unusable DOCKER_HOST.
-        raise EnvironmentProblem(f"no Docker engine answers at {address()} ({_reason(exc)})", START_HINT) from None
+        hint = START_HINT if "DOCKER_HOST" not in os.environ else \
+            "DOCKER_HOST is set: check that it names a running engine (unix:///PATH, tcp://HOST:PORT) or unset it; " \
+            + START_HINT
+        raise EnvironmentProblem(f"no Docker engine answers at {address()} ({_reason(exc)})", hint) from None
     major, minor = (int(x) for x in server.split(".")[:2])
     if (major, minor) < (18, 9):
         raise EnvironmentProblem(f"Docker engine {server} is too old for BuildKit", "upgrade to 18.09 or newer")

@@ -16,6 +16,7 @@ from builder.errors import StepFailed
 
 IN_IMAGE_SCRIPT = "/opt/train-image/smoke/installed.py"
 FACTS = "/opt/train-image/image.json"
+MAX_COPY = 64 << 20  # facts, locks and os-release are kilobytes: an engine sending more is not believed
 
 
 def _script_output(image: str, script: str, prefix: str) -> tuple[dict | None, str]:
@@ -79,11 +80,21 @@ def _copy_out(image, path: str) -> dict[str, bytes]:
     container = engine.sdk().containers.create(image.id, command=["true"], network_disabled=True)
     try:
         stream, _ = container.get_archive(path)
-        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+        with tarfile.open(fileobj=io.BytesIO(_at_most(stream, MAX_COPY))) as tar:
             return {m.name.rsplit("/", 1)[-1]: tar.extractfile(m).read() for m in tar.getmembers()
                     if m.isfile() and m.name.count("/") <= 1}
     finally:
         container.remove(force=True)
+
+
+def _at_most(chunks, limit: int) -> bytes:
+    """The streamed bytes, or ValueError past `limit` (an endless archive from the engine)."""
+    out = bytearray()
+    for chunk in chunks:
+        out += chunk
+        if len(out) > limit:
+            raise ValueError(f"the engine sent more than {limit >> 20} MiB")
+    return bytes(out)
 
 
 def _image_name(image) -> str:

@@ -119,6 +119,29 @@ def sbom(tag: str, repository: str, digest: str, inventory: dict, created: str, 
     }
 
 
+LABEL_PREFIX = "io.train-images"
+
+
+def pin(value) -> str | None:
+    """A pin as facts (null), labels ("none") and the matrix (None) each spell "not installed"."""
+    return None if value in (None, "", "none") else str(value)
+
+
+def label_problem(tag: str, pins: dict, labels: dict) -> str | None:
+    """The first of the image's labels that names another tag or another pin than `tag` and `pins` (an entry's,
+    or the image's own facts), one line naming the field; None when none does. A label the image lacks is not
+    compared: the facts are, by the caller."""
+    label = labels.get(f"{LABEL_PREFIX}.tag", tag)
+    if label != tag:
+        return f"tag: the image's label says {str(label)[:80]!r}, not {str(tag)[:80]!r}"
+    named = {key.removeprefix(f"{LABEL_PREFIX}.pin.") for key in labels if key.startswith(f"{LABEL_PREFIX}.pin.")}
+    for name in sorted(set(pins) | named):
+        label, want = labels.get(f"{LABEL_PREFIX}.pin.{name}"), pin(pins.get(name))
+        if label is not None and pin(label) != want:
+            return f"pin {name}: the image's label {LABEL_PREFIX}.pin.{name} says {str(label)[:80]}, not {want}"
+    return None
+
+
 def lock_mismatches(image_locks: dict[str, str], checkout_locks: dict[str, str], where: str) -> list[str]:
     """How the locks inside the image ({name: sha256}, read from /opt/train-image/locks/) differ from the
     checkout's (`where`); empty when every lock the image carries is the checkout's. Locks only the checkout has

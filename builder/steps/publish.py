@@ -311,29 +311,21 @@ def _local_digests(image, repo) -> set[str]:
     return {d.split("@", 1)[1] for d in image.attrs.get("RepoDigests", []) if d.split("@", 1)[0] == repo.ref}
 
 
-def _pin(value) -> str | None:
-    """A pin as facts (null), labels ("none") and the matrix (None) each spell "not installed"."""
-    return None if value in (None, "", "none") else str(value)
-
-
 def binding_problem(entry, facts: dict, labels: dict, build: dict) -> str | None:
     """The first way the image's own facts (/opt/train-image/image.json) and labels contradict the entry it
     would be published as, one line naming the field; None when they agree. A label the image lacks is not
     compared (its facts are); the input hash is compared when the build report is of this image."""
-    prefix = "io.train-images"
-    tags = {"facts": facts.get("tag"), "label": labels.get(f"{prefix}.tag", entry.tag)}
-    for where, tag in tags.items():
-        if tag != entry.tag:
-            return f"tag: the image's {where} say {str(tag)[:80]!r}, the entry is {entry.tag!r}"
+    if facts.get("tag") != entry.tag:
+        return f"tag: the image's facts say {str(facts.get('tag'))[:80]!r}, the entry is {entry.tag!r}"
     pins = facts.get("pins") if isinstance(facts.get("pins"), dict) else {}
     for name in sorted(set(entry.pins) | set(pins)):
-        want, said = _pin(entry.pins.get(name)), _pin(pins.get(name))
-        label = labels.get(f"{prefix}.pin.{name}")
+        want, said = attestations.pin(entry.pins.get(name)), attestations.pin(pins.get(name))
         if said != want:
             return f"pin {name}: the image's facts say {said}, the entry pins {want}"
-        if label is not None and _pin(label) != want:
-            return (f"pin {name}: the image's label {prefix}.pin.{name} says {str(label)[:80]}, its facts and the "
-                    f"entry {want}")
+    wrong = attestations.label_problem(entry.tag, entry.pins, labels)
+    if wrong:
+        return wrong
+    prefix = attestations.LABEL_PREFIX
     built, label = build.get("input_hash"), labels.get(f"{prefix}.input-hash")
     if built and label != built:
         return (f"input hash: the image's label {prefix}.input-hash is {str(label)[:19]}, its build report's "

@@ -13,7 +13,7 @@ from builder import log, reports
 from builder.boundary import engine, host
 from builder.boundary.gate import CHECK_TIMEOUT, DEFAULT_SHM, run_gate
 from builder.errors import StepFailed, UserError
-from builder.model import paths
+from builder.model import attestations, paths
 from builder.steps import Done
 
 NAME = "smoke"
@@ -71,6 +71,11 @@ def failing(report: dict) -> list[str]:
 
 def run(entry, options: Options) -> Done:
     ref = options.image or (reports.read(entry.tag, "build") or {}).get("image") or paths.image_ref(entry)
+    image = engine.image_or_none(ref)
+    wrong = attestations.label_problem(entry.tag, entry.pins, image.labels or {}) if image is not None else None
+    if wrong:  # a passing report would bind this entry's verdict to another entry's image
+        raise StepFailed(f"{entry.tag}: refusing to gate {ref}: it is not this entry's image: {wrong}",
+                         f"gate the entry's own build: python -m builder build {entry.tag}, then smoke it")
     report = run_gate(ref, gpus=bool(options.gpus), timeout=options.timeout, shm_size=options.shm_size)
     reports.write(entry.tag, NAME, report)
     for check in report["checks"]:

@@ -296,6 +296,10 @@ def main(args: Options, m=None) -> int:
     with log.step(f"image {target}") as note:
         image = ensure_image(target, pull=not args.no_pull)
         facts = inspect.read_facts(image)
+        wrong = attestations.label_problem(facts.get("tag"), facts.get("pins") or {}, image.labels or {})
+        if wrong:  # the image contradicts itself: neither its facts nor its labels can be believed
+            raise StepFailed(f"{target}: its labels contradict its own facts ({inspect.FACTS}): {wrong}",
+                             "do not use this image: it was altered after it was built")
         note["result"] = f"{facts.get('tag')}: torch {facts.get('pins', {}).get('torch')}, CUDA {facts.get('cuda')}"
     with log.step("host") as note:
         gpus, source = host.gpus()

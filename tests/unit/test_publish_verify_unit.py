@@ -161,10 +161,10 @@ def test_an_image_built_as_its_entry_binds(entry):
 
 @pytest.mark.parametrize("facts,labels,field", [
     (lambda f: {**f, "tag": "cu999-other"}, {}, "tag: the image's facts say 'cu999-other'"),
-    (lambda f: f, {"io.train-images.tag": "cu999-other"}, "tag: the image's label say 'cu999-other'"),
+    (lambda f: f, {"io.train-images.tag": "cu999-other"}, "tag: the image's label says 'cu999-other'"),
     (lambda f: {**f, "pins": {**f["pins"], "torch": "9.9.9"}}, {}, "pin torch: the image's facts say 9.9.9"),
     (lambda f: f, {"io.train-images.pin.torch": "9.9.9"}, "pin torch: the image's label io.train-images.pin.torch "
-                                                          "says 9.9.9"),
+                                                          "says 9.9.9, not"),
     (lambda f: f, {"io.train-images.input-hash": "sha256:" + "2" * 64}, "input hash: the image's label"),
 ])
 def test_an_image_that_is_not_its_entry_is_named_by_field(entry, facts, labels, field):
