@@ -180,13 +180,13 @@ def image_or_none(ref: str):
 
     try:
         with answering(f"while looking up {ref}"):
-            image = sdk().images.get(ref)
+            attrs = sdk().api.inspect_image(ref)  # images.get(ref), with the answer checked before it is used
     except docker.errors.ImageNotFound:
         return None
-    if not _is_image(image.attrs):
+    if not _is_image(attrs):
         raise not_engine(f"answered the inspection of {ref} with something that is not an image "
                          "(no sha256 Id, or Config, Labels or RepoDigests of the wrong kind)")
-    return image
+    return sdk().images.prepare_model(attrs)
 
 
 def _is_image(attrs) -> bool:

@@ -2,14 +2,16 @@
 hostile engine would. DOCKER_HOST=unix://<socket> points the builder (the Docker SDK) at it; no real engine,
 no image, nothing outside the test's directory is touched.
 
-`answers` maps a route (the path without its /v1.NN prefix and query, e.g. "/version", "/images/json") to
-what to send: a dict or list (sent as JSON), bytes (sent as they are), an (status, body) pair, or a callable
+`answers` maps a route (the path without its /v1.NN prefix and query, e.g. "/version", "/images/*/json": a
+glob, tried after the exact routes) to what to send: a dict or list (sent as JSON), bytes (sent as they are), an (status, body) pair, or a callable
 taking the request handler (for endless bodies and the like). A route not in `answers` gets a 404 JSON answer,
 which the SDK reads as "no such image/container".
 """
 
 from __future__ import annotations
 
+import base64
+import fnmatch
 import io
 import json
 import re
@@ -32,6 +34,19 @@ def image(labels: dict, image_id: str = IMAGE_ID, tags=("ghcr.io/train-images/tr
             "Config": {"Labels": labels}}
 
 
+def endless(h: BaseHTTPRequestHandler) -> None:
+    """An answer that never ends (no length, bytes until the client hangs up)."""
+    h.send_response(200)
+    h.send_header("Content-Type", "application/json")
+    h.end_headers()
+    h.close_connection = True
+    try:
+        while True:
+            h.wfile.write(b"[" * 65536)
+    except OSError:  # the client stopped reading: what it should do
+        pass
+
+
 def archive(files: dict[str, bytes]) -> bytes:
     """A tar as GET /containers/ID/archive sends it (the copied path's base name at the top)."""
     out = io.BytesIO()
@@ -43,11 +58,12 @@ def archive(files: dict[str, bytes]) -> bytes:
     return out.getvalue()
 
 
-def with_facts(facts: dict, **more) -> dict:
-    """Answers for an engine whose one image carries `facts` as /opt/train-image/image.json: create a
-    container, copy the file out, remove the container."""
+def with_facts(facts: dict, locks: dict[str, bytes] | None = None, **more) -> dict:
+    """Answers for an engine whose one image carries `facts` as /opt/train-image/image.json (and `locks`):
+    create a container, copy the files out (every copy gets them all, the facts first), remove the container."""
     return {"/containers/create": (201, {"Id": "c0ffee", "Warnings": []}),
-            "/containers/c0ffee/archive": archive({"image.json": json.dumps(facts).encode()}),
+            "/containers/c0ffee/json": {"Id": "c0ffee", "Name": "/fake", "State": {}, "Config": {}},
+            "/containers/c0ffee/archive": archive({"image.json": json.dumps(facts).encode(), **(locks or {})}),
             "/containers/c0ffee": (204, b""), **more}
 
 
@@ -71,7 +87,7 @@ class FakeEngine:
                     self.rfile.read(length)
                 route = _PREFIX.sub("", self.path.split("?", 1)[0])
                 engine.seen.append(f"{self.command} {route}")
-                engine.answer(self, engine.answers.get(route, (404, {"message": f"no such thing: {route}"})))
+                engine.answer(self, engine.find(route))
 
             do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = _any
 
@@ -80,6 +96,12 @@ class FakeEngine:
 
         self.server = _Server(str(self.path), Handler)
         threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
+
+    def find(self, route: str):
+        if route in self.answers:
+            return self.answers[route]
+        globs = (what for pattern, what in self.answers.items() if "*" in pattern and fnmatch.fnmatch(route, pattern))
+        return next(globs, (404, {"message": f"no such thing: {route}"}))
 
     @property
     def host(self) -> str:
@@ -97,6 +119,8 @@ class FakeEngine:
         h.send_response(status)
         h.send_header("Content-Type", kind)
         h.send_header("Api-Version", API)
+        if kind == "application/x-tar":  # the SDK decodes it with every copy out of a container
+            h.send_header("X-Docker-Container-Path-Stat", base64.b64encode(b'{"name": "x", "size": 0}').decode())
         h.send_header("Content-Length", str(len(body)))
         h.end_headers()
         h.wfile.write(body)
@@ -104,3 +128,4 @@ class FakeEngine:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+        self.path.unlink(missing_ok=True)  # the next engine may listen at the same path
