@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _print_error(exc: BuilderError, prefix: str = "") -> None:
-    for line in str(exc.message).splitlines() or [""]:
+    for line in str(exc.message).rstrip("\n").split("\n"):  # not splitlines(): a CR is shown, not a line break
         log.info(f"error: {prefix}{line}")  # cleaned there: a message may quote what an engine or registry sent
     if exc.hint:
         log.info(f"hint: {exc.hint}")
