@@ -90,7 +90,8 @@ def client() -> Client:
         if _quiet([binary, "buildx", "version"]).returncode == 0:
             return Client(binary, "buildx")
         version = _quiet([binary, "version", "--format", "{{.Client.Version}}"]).stdout.strip()
-        if version and int(version.split(".")[0]) < 23:
+        major = re.match(r"([0-9]{1,4})\.", version)  # anything else ("banana", a banner) is not a client we know
+        if major and int(major.group(1)) < 23:
             return Client(binary, "legacy")
     raise EnvironmentProblem(
         f"no docker client here can run BuildKit builds (tried {', '.join(candidates)})",
@@ -149,9 +150,9 @@ def _read_bounded(response, *args, stream: bool = False, **kwargs):
     if stream:
         return response
     declared = response.headers.get("Content-Length", "")
-    data = b"" if declared.isdigit() and int(declared) > MAX_ANSWER else \
-        response.raw.read(MAX_ANSWER + 1, decode_content=True)
-    if len(data) > MAX_ANSWER or not data and declared.isdigit() and int(declared) > MAX_ANSWER:
+    announced = declared.isdigit() and int(declared) > MAX_ANSWER  # not even started on
+    data = b"" if announced else response.raw.read(MAX_ANSWER + 1, decode_content=True)
+    if announced or len(data) > MAX_ANSWER:
         response.close()
         raise not_engine(f"sent an answer of more than {MAX_ANSWER >> 20} MiB to {response.request.method} "
                          f"{response.request.path_url[:80]!r}")
@@ -186,14 +187,15 @@ def image_or_none(ref: str):
     if not _is_image(attrs):
         raise not_engine(f"answered the inspection of {ref} with something that is not an image "
                          "(no sha256 Id, or Config, Labels or RepoDigests of the wrong kind)")
-    return sdk().images.prepare_model(attrs)
+    # An imported image may have no Config at all: no labels, which the SDK's model cannot say by itself.
+    return sdk().images.prepare_model({**attrs, "Config": attrs.get("Config") or {}})
 
 
 def _is_image(attrs) -> bool:
     """What the callers read of an image inspection has the shape the Engine API documents."""
     if not isinstance(attrs, dict) or not re.fullmatch(r"sha256:[0-9a-f]{64}", str(attrs.get("Id"))):
         return False
-    config, digests = attrs.get("Config"), attrs.get("RepoDigests") or []
+    config, digests = attrs.get("Config") or {}, attrs.get("RepoDigests") or []
     labels = config.get("Labels") or {} if isinstance(config, dict) else None
     return isinstance(labels, dict) and all(isinstance(v, str) for v in labels.values()) \
         and isinstance(digests, list) and all(isinstance(d, str) and "@" in d for d in digests)

@@ -42,8 +42,8 @@ def fake(tmp_path):
         engine.close()
 
 
-def builder(host: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, DOCKER_HOST=host, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+def builder(host: str, *args: str, cwd: Path, **extra: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, DOCKER_HOST=host, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", **extra)
     for name in ("BUILDER_REPORTS", "BUILDER_MATRIX", "GITHUB_ACTIONS"):
         env.pop(name, None)
     return subprocess.run([sys.executable, "-m", "builder", *args], cwd=cwd, env=env, capture_output=True,
@@ -164,8 +164,8 @@ def _gated_checkout(tmp_path: Path) -> Path:
     return cwd
 
 
-def _publish(engine: FakeEngine, cwd: Path) -> subprocess.CompletedProcess:
-    return builder(engine.host, "publish", CI_TAG, "--dry-run", "--registry", "127.0.0.1:5000/acme", cwd=cwd)
+def _publish(engine: FakeEngine, cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    return builder(engine.host, "publish", CI_TAG, "--dry-run", "--registry", "127.0.0.1:5000/acme", cwd=cwd, **env)
 
 
 def _image_answers(facts: dict, **labels: str) -> dict:
@@ -214,6 +214,17 @@ def test_escape_sequences_from_the_engine_and_the_image_never_reach_the_terminal
     line = one_error(proc, 3, "cannot start a container")
     assert "\\x1b]0;pwned\\x07\\x1b[2J\\x9b31m" in line  # shown, not obeyed
     assert "\\x1b]0;pwned" in proc.stderr.split("error:")[0]  # the image's own tag, in the step line
+
+
+@pytest.mark.parametrize("said", ["banana", "Docker version \x1b[31m20", ""], ids=["word", "banner", "nothing"])
+def test_a_docker_client_with_an_unparsable_version_is_one_line_exit_3(fake, tmp_path, said):
+    """BUILDER_DOCKER names a client without buildx whose `version` answer is not a version: not one that can
+    build (exit 3), rather than a guess or a traceback."""
+    client = tmp_path / "docker"
+    client.write_text(f"#!/bin/sh\n[ \"$1\" = buildx ] && exit 1\nprintf '%s\\n' '{said}'\n")
+    client.chmod(0o755)
+    proc = _publish(fake(_image_answers(FACTS)), _gated_checkout(tmp_path), BUILDER_DOCKER=str(client))
+    one_error(proc, 3, "no docker client here can run BuildKit builds")
 
 
 # --- odd DOCKER_HOST values --------------------------------------------------------------------------------
