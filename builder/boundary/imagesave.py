@@ -1,7 +1,8 @@
 """An image's content read from `docker save` without running it (the `manifest` verb, repro, diff).
 
-The save is streamed: each layer tar is read once, every file hashed incrementally, then builder/model/
-manifest.py applies the layers and builds the manifest. A local image's manifest is cached by image ID
+The save is streamed: each layer tar is read once, every file hashed incrementally and the layer as a whole
+checked against its diff_id in the image config, then builder/model/manifest.py applies the layers and builds
+the manifest. A local image's manifest is cached by image ID
 (an ID is content) in build/manifests/.
 """
 
