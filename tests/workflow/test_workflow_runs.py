@@ -95,6 +95,9 @@ def test_push_logs_in_before_the_plan_reads_the_registry(runs):
     for name in ("image: build", "image: smoke gate", "image: publish", "image: sign the digest and its attestations"):
         assert "`image:` step" in outcome[name], (name, outcome[name])
     assert "`if` is false" in outcome["image: what moved"]
+    # The audit of the locked packages runs before the build, against the index's real data, and passes.
+    audit = next(s for s in image.steps if s.name.startswith("audit the locked packages"))
+    assert audit.outcome == "ran" and "audit locks/" in audit.output and ": passed;" in audit.output, audit.output
 
 
 def test_schedule_plans_every_entry_for_a_refresh(runs):
