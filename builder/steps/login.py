@@ -43,6 +43,10 @@ def store(host: str, username: str, password: str) -> str:
     if directory is None:
         raise EnvironmentProblem("no home directory to keep the Docker config in (HOME is unset and this user "
                                  "has no passwd entry)", "set DOCKER_CONFIG (or HOME) to a writable directory")
+    if not os.environ.get("DOCKER_CONFIG") and not directory.parent.is_dir():
+        # HOME=/nonexistent is how a service user says "no home": never create one (as root, that would work)
+        raise EnvironmentProblem(f"HOME {directory.parent} is not a directory: nowhere to keep {directory}/config.json",
+                                 "set DOCKER_CONFIG (or HOME) to a writable directory")
     path = directory / "config.json"
     data = registry.read_config(path, host) or {}
     if not isinstance(data.get("auths", {}), dict):

@@ -4,6 +4,7 @@ right exit code, no traceback, and nothing from outside reaching a report."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import stat
@@ -89,3 +90,40 @@ def test_gate_output_read_directly_refuses_a_link_even_to_a_valid_result(tmp_pat
     _all_is_a_link(out, tmp_path)
     result, per_check, broken = gate.read_gate_output(out)
     assert result is None and per_check == {} and "symbolic link" in broken and CANARY not in broken
+
+
+# --- 3. no home directory (an arbitrary UID with no passwd entry and no HOME) ---------------------------------
+
+
+def test_login_without_any_home_directory_is_one_line_exit_3(project, capsys, monkeypatch):
+    """`docker run --user 12345` of a CI image: HOME unset and getpwuid fails. Before, pathlib's RuntimeError
+    came out as a traceback. Simulated at the pwd boundary: a real setuid child cannot import the interpreter
+    here (it lives under root's 0700 home)."""
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.delenv("DOCKER_CONFIG", raising=False)
+    monkeypatch.setattr("pwd.getpwuid", lambda uid: (_ for _ in ()).throw(KeyError(f"getpwuid(): uid not found: {uid}")))
+    monkeypatch.setattr("sys.stdin", io.StringIO("hunter2\n"))
+    before = sorted(p.name for p in project.iterdir())
+    assert run_cli("login", "--registry", "127.0.0.1:5000", "--username", "u", "--password-stdin") == 3
+    err = capsys.readouterr().err
+    assert err.startswith("error: no home directory to keep the Docker config in") and "Traceback" not in err
+    assert "DOCKER_CONFIG" in err and "hunter2" not in err
+    assert sorted(p.name for p in project.iterdir()) == before
+
+
+# --- 6. matrix YAML: anchors that reach themselves, entries written as strings (already refused: the proof) ---------
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("defaults: &a\n  image: x/y\n  <<: *a\nentries: []\n", "matrix.yaml: line 3: alias *a is used inside &a itself"),
+    ("defaults: &a\n  image: x/y\n  more: [*a]\nentries: []\n", "matrix.yaml: line 3: alias *a is used inside &a"),
+    ("x: &a [*a]\ndefaults:\n  image: x/y\nentries: []\n", "matrix.yaml: line 1: alias *a is used inside &a"),
+    ("defaults:\n  image: x/y\nentries: [cu121-torch2.3]\n", "matrix.yaml:3: entries[0]: expected a mapping, got str"),
+    ('defaults:\n  image: x/y\nentries:\n  - "foo"\n', "matrix.yaml:4: entries[0]: expected a mapping, got str"),
+], ids=["merge-self", "alias-in-own-list", "recursive-sequence", "flow-string", "quoted-string"])
+def test_self_referencing_anchors_and_string_entries_name_their_line(project, capsys, text, needle):
+    (project / "matrix.yaml").write_text(text)
+    assert run_cli("validate") == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {needle}") and "Traceback" not in err
+    assert len([line for line in err.splitlines() if line.startswith("error: ")]) == 1
