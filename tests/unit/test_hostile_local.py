@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.boundary import engine, gate
+from builder.boundary import engine, gate, host, inspect
 from tests.conftest import run_cli
 
 CANARY = "host-canary-7f3a9"
@@ -82,6 +82,27 @@ def test_gate_output_is_read_as_regular_files_only(project, capsys, monkeypatch,
     assert f"the smoke gate failed: gate: the gate's output is unusable: {needle}" in err
     report = (project / f"build/reports/{TAG}.smoke.json").read_text()
     assert CANARY not in report and json.loads(report)["passed"] is False
+
+
+def test_verify_json_never_carries_a_linked_host_file(project, capsys, monkeypatch, tmp_path_factory):
+    """The same gate on a pulled image (`verify`): its verdict file must not carry the host file either."""
+    outside = tmp_path_factory.mktemp("host")
+
+    def container(image, command, volumes, **_kw):
+        _check_is_a_link(Path(next(iter(volumes))), outside)
+        return 0, ""
+
+    monkeypatch.setattr(engine, "sdk", lambda: type("Sdk", (), {"info": lambda self: {"Runtimes": {}}})())
+    monkeypatch.setattr(engine, "image_or_none",
+                        lambda ref: type("Image", (), {"id": "sha256:" + "1" * 64, "attrs": {}})())
+    monkeypatch.setattr(engine, "run_container", container)
+    monkeypatch.setattr(inspect, "read_facts", lambda image: {"tag": TAG, "min_driver": "525"})
+    monkeypatch.setattr(host, "gpus", lambda: ([], "no nvidia-smi"))
+    assert run_cli("verify", "train:x", "--no-pull", "--cpu", "--json", "verdict.json") == 1
+    err = capsys.readouterr().err
+    verdict = (project / "verdict.json").read_text()
+    assert CANARY not in verdict + err and "Traceback" not in err
+    assert "env.json: is a symbolic link; not followed" in verdict and json.loads(verdict)["passed"] is False
 
 
 def test_gate_output_read_directly_refuses_a_link_even_to_a_valid_result(tmp_path):
