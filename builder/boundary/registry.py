@@ -123,7 +123,7 @@ def credentials(host: str, config: Path | None = None) -> tuple[str, str] | None
         return None
     helper = _get(data, "credHelpers").get(host) or data.get("credsStore")
     if isinstance(helper, str) and helper:
-        found = _from_helper(helper, host)
+        found = _from_helper(helper, host, path)
         if found:
             return found
     for key in (host, f"https://{host}", f"http://{host}", f"https://{host}/v1/"):
@@ -150,13 +150,13 @@ def _basic_pair(auth, path: Path, key: str) -> tuple[str, str]:
     return user, secret
 
 
-def _from_helper(helper: str, host: str) -> tuple[str, str] | None:
+def _from_helper(helper: str, host: str, path: Path) -> tuple[str, str] | None:
     """Ask `docker-credential-<helper> get`, as Docker does. A missing helper or its "credentials not found"
     means none; any other failure, an answer of the wrong shape or no answer in time is an error (exit 3)."""
     name = f"docker-credential-{helper}"
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", helper):
-        raise UserError(f"{(config_dir() or Path('~/.docker')) / 'config.json'}: credential helper {helper[:40]!r} "
-                        "is not a helper name", "e.g. \"credsStore\": \"pass\" (docker-credential-pass on PATH)")
+        raise UserError(f"{path}: credential helper {helper[:40]!r} is not a helper name",
+                        "e.g. \"credsStore\": \"pass\" (docker-credential-pass on PATH)")
     try:  # not echoed: the helper's answer is the credential itself, and a missing helper just means none
         proc = process.run([name, "get"], input=host, timeout=HELPER_TIMEOUT_S, echo=False)
     except process.NotRunnable:

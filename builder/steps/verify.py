@@ -8,7 +8,9 @@ Without a usable GPU the gate runs in CPU mode and the verdict says plainly that
 Signatures (docs/publishing.md): with `--key PATH` or `--certificate-identity ID` cosign checks the image digest
 and every SBOM/provenance stored beside it, and the verdict names who signed. `--require-signature` refuses an
 unsigned image, an attestation that was replaced or added unsigned, and one signed by anyone else, before the
-gate runs; `--signatures-only` checks that much without pulling the image or running anything.
+gate runs; `--signatures-only` checks that much without pulling the image or running anything, and, like a full
+verify, refuses an SBOM or provenance whose content names another image (a signature binds bytes to a signer,
+not to this digest).
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ def add_arguments(p) -> None:
     p.add_argument("--require-signature", action="store_true",
                    help="fail unless the digest and every attestation are signed by the identity given below")
     p.add_argument("--signatures-only", action="store_true",
-                   help="check the signatures (and attestations) only: no pull, no host checks, no gate")
+                   help="check the signatures, and that the attestations name this digest, only: no pull, "
+                        "no host checks, no gate")
     p.add_argument("--key", metavar="PATH", help="cosign public key the image must be signed with")
     p.add_argument("--certificate-identity", metavar="ID",
                    help="keyless signer, exactly: https://github.com/OWNER/REPO/.github/workflows/images.yml"
