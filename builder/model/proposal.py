@@ -42,9 +42,10 @@ class Proposal:
     def tag(self) -> str:
         return self.entry.tag
 
-    def text(self, note: str) -> str:
-        """The entry as matrix.yaml writes one: two-space list indent, versions bare, short versions quoted."""
-        lines = [f"  # {note}", f"  - tag: {self.fields['tag']}"]
+    def text(self, note: list[str]) -> str:
+        """The entry as matrix.yaml writes one, below its comment lines: two-space list indent, versions and
+        references bare, short versions quoted."""
+        lines = [f"  # {line}" for line in note] + [f"  - tag: {self.fields['tag']}"]
         for key, value in self.fields.items():
             if key == "tag":
                 continue
@@ -63,7 +64,7 @@ def _scalar(value) -> str:
         return "[" + ", ".join(_scalar(v) for v in value) + "]"
     text = str(value)
     # Bare where YAML reads the text back as the same string (2.15.0); quoted where it would not ("3.11", "13.2").
-    plain = re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", text) and yaml.safe_load(text) == text
+    plain = re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]*", text) and yaml.safe_load(text) == text
     return text if plain else json.dumps(text)
 
 

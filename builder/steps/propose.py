@@ -110,8 +110,8 @@ def main(options: Options, m: matrix.Matrix) -> int:
         log.info(f"nothing new: {why_not}")
         _say_tag(options, "")
         return 0
-    note = (f"Proposed by `python -m builder propose` ({date.today().isoformat()}): newest releases on PyPI, "
-            f"shaped like {template.tag}; CI builds and gates it in its pull request")
+    note = [f"Proposed by `python -m builder propose` ({date.today().isoformat()}): PyPI's newest releases,",
+            f"shaped like {template.tag}; its pull request's CI jobs build and gate it."]
     block = candidate.text(note)
     try:
         text = proposal.append(m.path.read_text(encoding="utf-8"), block, candidate.tag)

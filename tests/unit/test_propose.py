@@ -101,7 +101,8 @@ def test_the_proposal_is_shaped_like_the_newest_ci_entry(tmp_path):
                               "peft", "accelerate", "nvidia-ml-py", "runner", "ci"]
     assert p.fields["base"] == template.base and p.fields["python"] == "3.11" and p.fields["cuda"] == "13.0"
     assert p.fields["runner"] == ["ubuntu-latest"] and p.fields["ci"] is False  # hosted: the PR builds and gates it
-    text = p.text("proposed")
+    text = p.text(["proposed"])
+    assert text.startswith(f"  # proposed\n  - tag: cu130-torch2.13-bookworm\n    base: {template.base}\n")
     assert '    python: "3.11"\n    cuda: "13.0"\n    torch: 2.13.1\n' in text and "    ci: false\n" in text
 
 
