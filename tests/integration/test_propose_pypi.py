@@ -20,7 +20,6 @@ import pytest
 from packaging.version import Version
 
 from builder.model import knowledge
-from tests.conftest import ROOT
 from tests.workflow import harness
 
 FACTS = re.compile(r"torch (?P<release>\S+): CUDA (?P<cuda>\d+\.\d+) build on PyPI, cuDNN (?P<cudnn>\d+), "
