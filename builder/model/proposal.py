@@ -34,9 +34,8 @@ class NotProposable(ValueError):
 
 @dataclass(frozen=True)
 class Proposal:
-    entry: Entry  # what the rules judge (the text below, as matrix.load reads it, is judged again)
+    entry: Entry  # the derived entry (the step judges the text below as matrix.load reads it)
     fields: dict  # matrix.yaml field -> value, in the file's order
-    torch_facts: dict  # what PyPI says about the torch release (python, cxx11abi, pypi_cuda, cudnn)
 
     @property
     def tag(self) -> str:
@@ -141,7 +140,7 @@ def derive(base: Entry, torch: dict, stack: dict[str, str]) -> Proposal:
     if entry.lock_exceptions:
         fields["lock_exceptions"] = dict(entry.lock_exceptions)
     fields["ci"] = False
-    return Proposal(entry, fields, torch)
+    return Proposal(entry, fields)
 
 
 def already(m: Matrix, proposal: Proposal) -> str | None:
