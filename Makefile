@@ -13,7 +13,7 @@ GPU_CHECK_FLAGS ?=
 PYTEST_FLAGS ?=
 
 .PHONY: help venv docker validate render lock lint unit test build build-all smoke image publish catalog verify repro \
-	free-disk workflow gpu-check
+	free-disk workflow gpu-check propose propose-pr
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "} {printf "  %-12s %s\n", $$1, $$2}'
@@ -34,6 +34,25 @@ render: venv ## render dockerfiles/ and the README table
 
 lock: venv ## re-lock TAG (default: every entry) against its index
 	$(PY) -m builder lock $(TAG) $(BUILD_FLAGS)
+
+propose: venv ## append a matrix entry for PyPI's newest torch and stack releases, if new and the rules accept it
+	$(PY) -m builder propose
+
+# The workflow's `propose` job, after propose, lock and render: TAG (the proposed tag, from its environment) goes to
+# GitHub as branch propose/TAG with a pull request. Needs git and gh with GH_TOKEN; a branch already there (last
+# week's proposal, not merged yet) is left as it is.
+propose-pr: ## push TAG's proposal as branch propose/TAG and open its pull request (the workflow's last step)
+	@test -n "$(TAG)" || { echo "propose-pr: TAG is required (the tag propose wrote)" >&2; exit 2; }
+	gh auth setup-git
+	@if git ls-remote --exit-code --heads origin "propose/$(TAG)" >/dev/null; then \
+	  echo "propose-pr: propose/$(TAG) exists already (an open proposal): nothing pushed"; exit 0; fi; \
+	git switch -c "propose/$(TAG)" && git add -A matrix.yaml README.md locks dockerfiles \
+	  && git -c user.name="github-actions[bot]" -c user.email="41898282+github-actions[bot]@users.noreply.github.com" \
+	     commit -q -m "matrix: propose $(TAG) (newest releases on PyPI)" \
+	  && git push origin "propose/$(TAG)" \
+	  && gh pr create --base "$${GITHUB_REF_NAME:-main}" --head "propose/$(TAG)" --title "matrix: propose $(TAG)" \
+	     --body "Proposed by the scheduled run (python -m builder propose): PyPI's newest torch and stack releases, \
+	validated against compat.yaml, locked and rendered. This pull request's jobs build and gate it."
 
 build-tools-lock: venv ## re-lock builder/data/build-tools.lock (uv, used inside image builds) from build-tools.in
 	$(VENV)/bin/uv pip compile builder/data/build-tools.in --generate-hashes --python-platform x86_64-manylinux_2_28 \

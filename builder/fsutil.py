@@ -9,6 +9,7 @@ import fcntl
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -93,6 +94,26 @@ def write_file(path: Path, text: str) -> None:
 def copy_file(source: Path, target: Path) -> None:
     """Copy a regular file's bytes, mode and mtime into a staging tree (never following a link)."""
     shutil.copy2(source, target, follow_symlinks=False)
+
+
+FS_IOC_GETFLAGS = 0x80086601  # linux/fs.h, as on x86_64 and arm64
+PINNED_FLAGS = 0x10 | 0x20  # FS_IMMUTABLE_FL, FS_APPEND_FL: `chattr +i` / `+a`
+
+
+def pinned(path: Path) -> bool:
+    """True when `path` is immutable or append-only (chattr +i/+a): not even root can remove it or, for a
+    directory, its entries. False where the file system has no such attributes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        flags = fcntl.ioctl(fd, FS_IOC_GETFLAGS, bytes(8))
+    except OSError:  # ENOTTY: no attributes here (tmpfs before 6.0, overlayfs, NFS)
+        return False
+    finally:
+        os.close(fd)
+    return bool(int.from_bytes(flags[:4], sys.byteorder) & PINNED_FLAGS)
 
 
 def fsync_dir(path: Path) -> None:

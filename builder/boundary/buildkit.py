@@ -7,6 +7,7 @@ chosen by `engine.client()` runs them (https://github.com/docker/docker-py/issue
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -20,7 +21,8 @@ from pathlib import Path
 
 import builder
 from builder import log
-from builder.boundary import baseimage, engine, git
+from builder.boundary import baseimage, engine, git, process
+from builder.errors import BuilderError
 from builder.model import context, paths
 from builder.model.inputs import Inputs
 from builder.model.matrix import Entry
@@ -144,14 +146,57 @@ def argv(spec: BuildSpec, secrets: Mapping[str, str], image_labels: Mapping[str,
         out += ["--build-arg", f"{key}={value}"]
     if spec.no_cache:
         out.append("--no-cache")
-    if spec.cache_ref and engine.client().mode == "buildx":
-        out += ["--cache-from", f"type=registry,ref={spec.cache_ref}",
-                "--cache-to", f"type=registry,ref={spec.cache_ref},mode=max"]
+    if spec.cache_ref:
+        out += cache_flags(spec.cache_ref, cache_support().mode)
     for secret_id, path in sorted(secrets.items()):
         out += ["--secret", f"id={secret_id},src={path}"]
     for key, value in sorted(image_labels.items()):
         out += ["--label", f"{key}={value}"]
     return out + ["-f", str(spec.context / "Dockerfile"), str(spec.context)]
+
+
+# --- the registry build cache: what this builder can do with it -----------------------------------------------
+
+
+@dataclass(frozen=True)
+class CacheSupport:
+    mode: str  # "registry": read and write; "read": import only; "none": no registry cache at all
+    why: str  # said once by build when the cache is not fully used; "" for "registry"
+
+
+def _probe(argv: list[str]) -> str:
+    """A capability probe's output; one that fails or hangs answers "" (the capability is not there)."""
+    try:
+        result = process.run(argv, timeout=30, echo=False, env=engine.client().env())
+    except BuilderError:  # not there, or hangs: "not supported", never a crash
+        return ""
+    return result.stdout if result.returncode == 0 else ""
+
+
+@functools.lru_cache(maxsize=1)
+def cache_support() -> CacheSupport:
+    """Which registry cache this docker can use. Exporting one (`--cache-to type=registry`) needs buildx with a
+    driver that exports: docker-container, kubernetes or remote, or the default `docker` driver on an engine using
+    the containerd image store; the `docker` driver on the classic store refuses the build outright ("Cache export
+    is not supported for the docker driver"), but it can still import a cache. Without buildx there is none."""
+    client = engine.client()
+    if client.mode != "buildx":
+        return CacheSupport("none", f"{client.binary} has no buildx (a legacy BuildKit build reads no registry cache)")
+    found = re.search(r"^Driver:\s*(\S+)", _probe([client.binary, "buildx", "inspect"]), re.M)
+    driver = found.group(1) if found else "unknown"
+    if driver in ("docker-container", "kubernetes", "remote"):
+        return CacheSupport("registry", "")
+    if driver == "docker" and "io.containerd.snapshotter" in _probe(
+            [client.binary, "info", "--format", "{{json .DriverStatus}}"]):
+        return CacheSupport("registry", "")
+    return CacheSupport("read", f"buildx's `{driver}` driver cannot export a registry cache (it can read one); "
+                                "`docker buildx create --use --driver docker-container`, or the containerd image "
+                                "store, makes it write the cache too")
+
+
+def cache_flags(ref: str, mode: str) -> list[str]:
+    read = ["--cache-from", f"type=registry,ref={ref}"]
+    return {"registry": read + ["--cache-to", f"type=registry,ref={ref},mode=max"], "read": read}.get(mode, [])
 
 
 # BuildKit sometimes loses the client's session (the secrets and the context live there) on a loaded machine:

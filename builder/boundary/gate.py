@@ -8,6 +8,7 @@ the report; `verify` runs it on a pulled image on the user's host.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -17,12 +18,13 @@ from pathlib import Path
 from builder import log
 from builder.boundary import engine
 from builder.errors import UserError
-from builder.model import schemas
+from builder.model import schemas, yamlread
 
 # Seconds per check inside the image; `all` enforces it per check. On CPU, train is the long one: DeepSpeed's
 # CPU accelerator JIT-builds shm_comm, its C++ FusedAdam and CPUAdam as it does for any user (~4 min on 2 cores).
 CHECK_TIMEOUT = 900
 DEFAULT_SHM = "8g"  # Docker's 64 MB default breaks NCCL and DataLoader workers; the env check says so
+MAX_OUTPUT = 8 << 20  # per file of the gate's output: its results are kilobytes; more is refused, not read
 
 
 def run_gate(image_ref: str, gpus: bool, timeout: int = CHECK_TIMEOUT, shm_size: str = DEFAULT_SHM,
@@ -66,7 +68,8 @@ def run_gate(image_ref: str, gpus: bool, timeout: int = CHECK_TIMEOUT, shm_size:
     if result is None:
         report["passed"] = False
         report["checks"] = [{"name": "gate", "passed": False, "summary": broken or "the gate wrote no result",
-                             "diagnosis": [logs.strip()[-1500:] or f"container exit {code}"]}]
+                             # why first: the step's error line is built from the diagnosis
+                             "diagnosis": [broken] * bool(broken) + [logs.strip()[-1500:] or f"container exit {code}"]}]
     return report
 
 
@@ -82,21 +85,31 @@ def level(result: dict | None, per_check: dict, gpus: bool) -> dict:
 
 def read_gate_output(out_dir: Path) -> tuple[dict | None, dict, str | None]:
     """The gate's all.json and per-check files, each held to its schema (smoke/schemas/): a result that
-    breaks the contract is no result. Returns (verdict or None, {check: result}, why it is unusable)."""
+    breaks the contract is no result. Returns (verdict or None, {check: result}, why it is unusable).
+
+    The image wrote this directory: each file is read only if it is a regular file (never through a link,
+    which could name a host file, nor from a FIFO or device) and at most MAX_OUTPUT bytes."""
     result_file = out_dir / "all.json"
-    if not result_file.exists():
+    if not os.path.lexists(result_file):
         return None, {}, None
     try:
-        result = json.loads(result_file.read_text())
+        result = _read_json(result_file)
         # Only the results all.json names: checks keep their own scratch files (rank results) beside them.
         names = [c.get("name") for c in result.get("checks", []) if isinstance(c, dict)] if isinstance(
             result, dict) else []
-        per_check = {n: json.loads((out_dir / f"{n}.json").read_text()) for n in names
-                     if isinstance(n, str) and n.isidentifier() and (out_dir / f"{n}.json").is_file()}
-    except (OSError, ValueError) as exc:
-        return None, {}, f"the gate's output is not JSON ({exc})"
+        per_check = {n: _read_json(out_dir / f"{n}.json") for n in names
+                     if isinstance(n, str) and n.isidentifier() and os.path.lexists(out_dir / f"{n}.json")}
+    except UserError as exc:
+        return None, {}, f"the gate's output is unusable: {exc.message.replace(str(out_dir) + '/', '')}"
+    except (ValueError, RecursionError) as exc:
+        return None, {}, f"the gate's output is not JSON ({str(exc)[:200]})"
     found = schemas.problems("all", result, smoke=True) + [
         f"{name}.json: {p}" for name, data in per_check.items() for p in schemas.problems("check", data, smoke=True)]
     if found:
         return None, per_check, f"the gate's output breaks smoke/schemas: {found[0]}"
     return result, per_check, None
+
+
+def _read_json(path: Path):
+    """A file of the gate's output as JSON: a regular file, not a link, at most MAX_OUTPUT bytes."""
+    return json.loads(yamlread.read_bounded(path, MAX_OUTPUT, what="gate result", follow=False).decode("utf-8"))

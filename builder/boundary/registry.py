@@ -20,6 +20,7 @@ from pathlib import Path
 
 from builder.boundary import process, web
 from builder.errors import EnvironmentProblem, StepFailed, UserError
+from builder.model import yamlread
 from builder.model.reference import PATH_COMPONENT
 
 # Docker image manifests first (what `docker push` writes), then OCI, then lists/indexes: without these
@@ -77,24 +78,52 @@ def repository(registry: str, image: str) -> Repository:
 # --- credentials ---------------------------------------------------------------------------------------
 
 
-def config_dir() -> Path:
-    return Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker")
+MAX_CONFIG = 4 << 20  # a Docker config is kilobytes; a FIFO, a device or a huge file there is not read
+HELPER_TIMEOUT_S = 30.0  # a credential helper that waits (a locked keychain asking no one) ends as an error
+
+
+def config_dir() -> Path | None:
+    """$DOCKER_CONFIG, else ~/.docker; None when there is no home directory (HOME unset and a UID with no passwd
+    entry, as in a container run with an arbitrary --user): then there is no Docker config either."""
+    if os.environ.get("DOCKER_CONFIG"):
+        return Path(os.environ["DOCKER_CONFIG"])
+    try:
+        return Path.home() / ".docker"
+    except (RuntimeError, KeyError):  # pathlib: "Could not determine home directory"
+        return None
+
+
+def read_config(path: Path, host: str) -> dict | None:
+    """The Docker config at `path` as a JSON object; None when there is none. Anything else is a UserError
+    naming the file (exit 2): the user fixes or removes it."""
+    if not os.path.lexists(path):
+        return None
+    fix = f"fix it, or remove it and run `docker login {host}` again"
+    try:
+        raw = yamlread.read_bounded(path, MAX_CONFIG, what="Docker config")
+    except UserError as exc:
+        raise UserError(exc.message, fix) from None
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):  # UnicodeDecodeError included
+        raise UserError(f"{path} is not JSON", fix) from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path} is not a JSON object", fix)
+    return data
 
 
 def credentials(host: str, config: Path | None = None) -> tuple[str, str] | None:
     """(username, secret) for `host` from the Docker config or its credential helper, or None."""
-    path = (config or config_dir()) / "config.json"
-    try:
-        data = json.loads(path.read_text())
-    except OSError:
+    directory = config or config_dir()
+    if directory is None:
         return None
-    except ValueError:
-        raise UserError(f"{path} is not JSON", f"fix it, or run `docker login {host}` again") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path} is not a JSON object", f"fix it, or run `docker login {host}` again")
+    path = directory / "config.json"
+    data = read_config(path, host)
+    if data is None:
+        return None
     helper = _get(data, "credHelpers").get(host) or data.get("credsStore")
     if isinstance(helper, str) and helper:
-        found = _from_helper(helper, host)
+        found = _from_helper(helper, host, path)
         if found:
             return found
     for key in (host, f"https://{host}", f"http://{host}", f"https://{host}/v1/"):
@@ -121,20 +150,33 @@ def _basic_pair(auth, path: Path, key: str) -> tuple[str, str]:
     return user, secret
 
 
-def _from_helper(helper: str, host: str) -> tuple[str, str] | None:
+def _from_helper(helper: str, host: str, path: Path) -> tuple[str, str] | None:
+    """Ask `docker-credential-<helper> get`, as Docker does. A missing helper or its "credentials not found"
+    means none; any other failure, an answer of the wrong shape or no answer in time is an error (exit 3)."""
+    name = f"docker-credential-{helper}"
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", helper):
+        raise UserError(f"{path}: credential helper {helper[:40]!r} is not a helper name",
+                        "e.g. \"credsStore\": \"pass\" (docker-credential-pass on PATH)")
     try:  # not echoed: the helper's answer is the credential itself, and a missing helper just means none
-        proc = process.run([f"docker-credential-{helper}", "get"], input=host, timeout=30, echo=False)
-    except EnvironmentProblem:
+        proc = process.run([name, "get"], input=host, timeout=HELPER_TIMEOUT_S, echo=False)
+    except process.NotRunnable:
         return None
+    except process.TimedOut:
+        raise EnvironmentProblem(f"{name} did not answer for {host} within {HELPER_TIMEOUT_S:g} s",
+                                 f"unlock or fix that credential helper (try `echo {host} | {name} get`)") from None
     if proc.returncode != 0:
-        return None
+        if "credentials not found" in (proc.stdout + proc.stderr).lower():
+            return None
+        # never quote its output: it may hold the secret
+        raise EnvironmentProblem(f"{name} failed for {host} (exit {proc.returncode})",
+                                 f"fix that credential helper (try `echo {host} | {name} get`)")
     try:
         data = json.loads(proc.stdout or "{}")
-    except ValueError:
+    except (ValueError, RecursionError):
         data = None
     if not isinstance(data, dict) or not all(isinstance(data.get(k, ""), str) for k in ("Username", "Secret")):
         # never quote the answer: it may be the secret itself
-        raise EnvironmentProblem(f"docker-credential-{helper} answered something other than "
+        raise EnvironmentProblem(f"{name} answered something other than "
                                  '{"Username": …, "Secret": …} for ' + host, "check that credential helper")
     return (data.get("Username", ""), data["Secret"]) if data.get("Secret") else None
 

@@ -11,6 +11,7 @@ Bounded at every stage, because a matrix may come from a pull request:
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -142,14 +143,19 @@ _Loader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_sequence)
 
 
-def read_bounded(path: Path, limit: int | None = None, what: str = "matrix") -> bytes:
-    """The bytes of a regular file, at most `limit`; anything else is a MatrixError naming the file."""
+def read_bounded(path: Path, limit: int | None = None, what: str = "matrix", follow: bool = True) -> bytes:
+    """The bytes of a regular file, at most `limit`; anything else is a MatrixError naming the file.
+    follow=False: a symbolic link is refused, not followed (files someone else wrote, e.g. the gate's output,
+    must not make us read a host file)."""
     limit = MAX_BYTES if limit is None else limit
     hint = f"pass the path of a {what} file"
+    # O_NONBLOCK: opening a FIFO must not wait for a writer; O_NOCTTY: a terminal must not become ours.
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
     try:
-        # O_NONBLOCK: opening a FIFO must not wait for a writer; O_NOCTTY: a terminal must not become ours.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, flags | (0 if follow else os.O_NOFOLLOW))
     except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow:
+            raise MatrixError(f"{path}: is a symbolic link; not followed", hint) from None
         raise MatrixError(f"{path}: cannot read ({exc.strerror})", hint) from None
     try:
         info = os.fstat(fd)

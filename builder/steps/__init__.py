@@ -11,7 +11,7 @@ A *per-tag step* (resolve, lock, build, smoke, publish, repro) is a module with:
 `builder.runner` runs a step over entries with one failure policy and one summary table.
 
 A *tool* (validate, list, matrix, compat, render, catalog, verify, manifest, diff, audit, refresh-compat,
-plan, login, sign) works on the matrix or on images as a whole:
+propose, plan, login, sign) works on the matrix or on images as a whole:
     NAME, HELP, Options, add_arguments(p), NEEDS_MATRIX, main(options, matrix) -> int
     An Options that extends `model.matrix.Selection` gets the TAG.../--all arguments of the per-tag steps
     from the CLI; `options.entries(matrix)` are the entries they name.
@@ -50,6 +50,7 @@ TOOLS = {
     "diff": "builder.steps.diff",
     "audit": "builder.steps.audit",
     "refresh-compat": "builder.steps.refresh",
+    "propose": "builder.steps.propose",
     "plan": "builder.steps.plan",
     "login": "builder.steps.login",
     "sign": "builder.steps.sign",

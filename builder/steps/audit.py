@@ -5,11 +5,17 @@ listed by the image itself (smoke/inventory.py). OS packages: no vulnerability d
 machines (Debian's security tracker and OSV are not; only the archive is), so the audit says so in one line and
 the weekly rebuild, which installs the archive's current security updates, is what refreshes them.
 Waivers and severities: builder/model/audit.py. A tag's verdict is kept in build/reports/<tag>.audit.json.
+
+`--lock` audits what a tag's committed locks pin instead of an image: no engine, no build. The scheduled refresh
+runs it right after the re-lock, so an entry whose refreshed set still carries a vulnerability above the
+workflow's --max-severity stops before its build (the audit says which package; a pin in matrix.yaml, not a
+rebuild, is what fixes that) instead of after an hour of building, at publish.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +23,7 @@ from pathlib import Path
 from builder import fsutil, log, reports
 from builder.boundary import engine, inspect, vulndb
 from builder.errors import UserError
-from builder.model import audit, paths, reference
+from builder.model import audit, lockfile, paths, reference
 
 NAME = "audit"
 HELP = "known vulnerabilities of an image's packages, against waivers.yaml"
@@ -32,6 +38,7 @@ class Options:
     waivers: str = str(audit.DEFAULT_WAIVERS)
     max_severity: str | None = None
     json: str | None = None
+    lock: bool = False
 
 
 def add_arguments(p) -> None:
@@ -40,6 +47,8 @@ def add_arguments(p) -> None:
                    help="waivers and severities (default waivers.yaml)")
     add_max_severity(p)
     p.add_argument("--json", metavar="PATH", help="also write the verdict as JSON")
+    p.add_argument("--lock", action="store_true", help="audit what TAG's locks pin (locks/TAG/), not an image: "
+                   "no engine needed")
 
 
 def add_max_severity(p) -> None:
@@ -53,9 +62,24 @@ def audit_image(image, waivers_path: str, max_severity: str | None, today: dt.da
     rules = audit.load(Path(waivers_path))  # a bad waivers file stops here, before any network
     inventory = inspect.inventory(image.id)
     packages = [(p["name"], p["version"]) for p in inventory.get("python_packages", [])]
+    return {**_assess(packages, rules, max_severity, today), "image_id": image.id}
+
+
+def audit_lock(entry, waivers_path: str, max_severity: str | None, today: dt.date | None = None) -> dict:
+    """The verdict for what the entry's locks pin (every Python lock of locks/<tag>/)."""
+    rules = audit.load(Path(waivers_path))
+    where = paths.lock_dir(entry)
+    pins = lockfile.current_pins(where)
+    if not pins:
+        raise UserError(f"{where}: no Python lock to audit", f"run `python -m builder lock {entry.tag}`")
+    packages = [tuple(pin.split("==", 1)) for pin in pins]
+    return {**_assess(packages, rules, max_severity, today), "lock": str(where)}
+
+
+def _assess(packages, rules: dict, max_severity: str | None, today: dt.date | None) -> dict:
     verdict = audit.assess(vulndb.releases(packages), rules, today or dt.datetime.now(dt.timezone.utc).date(),
                            max_severity)
-    return {**verdict, "image_id": image.id, "os": OS_NOT_AUDITED, "summary": audit.summary(verdict)}
+    return {**verdict, "os": OS_NOT_AUDITED, "summary": audit.summary(verdict)}
 
 
 def _target(name: str, m) -> tuple[str, str | None]:
@@ -67,15 +91,29 @@ def _target(name: str, m) -> tuple[str, str | None]:
     return name, None
 
 
-def main(options: Options, m=None) -> int:
+def _verdict(options: Options, m) -> tuple[dict, str | None]:
+    """(verdict, the tag whose audit report it is, or None)."""
     ref, tag = _target(options.target, m)
-    engine.sdk()
-    image = engine.image_or_none(ref)
-    if image is None:
-        raise UserError(f"there is no local image {ref}", "build or pull it first")
-    with log.step(f"audit {ref}") as note:
-        verdict = audit_image(image, options.waivers, options.max_severity)
+    if options.lock:
+        if tag is None:
+            raise UserError(f"audit --lock {options.target}: not a matrix tag", "give a tag of matrix.yaml")
+        entry = next(e for e in m.entries if e.tag == tag)
+        subject, tag = str(paths.lock_dir(entry)), None  # build/reports/<tag>.audit.json stays the image's
+        assess = functools.partial(audit_lock, entry)
+    else:
+        engine.sdk()
+        image = engine.image_or_none(ref)
+        if image is None:
+            raise UserError(f"there is no local image {ref}", "build or pull it first")
+        subject, assess = ref, functools.partial(audit_image, image)
+    with log.step(f"audit {subject}") as note:
+        verdict = assess(options.waivers, options.max_severity)
         note["result"] = f"{len(verdict['findings'])} known vulnerabilities"
+    return verdict, tag
+
+
+def main(options: Options, m=None) -> int:
+    verdict, tag = _verdict(options, m)
     rows = [[r["package"], r["version"], r["id"], r["level"], ", ".join(r["fixed_in"]) or "—",
              f"waived until {r['waived']['expires']}" if r["waived"] else "open"] for r in verdict["findings"]]
     log.out(log.table(("package", "version", "vulnerability", "severity", "fixed in", "status"), rows) if rows

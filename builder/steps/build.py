@@ -44,8 +44,11 @@ def prepare(entries: list[Entry], options: Options) -> Options:
     resolved = options.inputs.resolved()  # bad flag values and a missing CA bundle stop here, before any tag
     _check_cache_ref(options.cache_ref)
     engine.sdk()  # fail once, before any tag, when no engine answers
-    if options.cache_ref and engine.client().mode != "buildx":
-        log.info(f"warning: --cache-ref {options.cache_ref} is not used: {engine.client().binary} has no buildx")
+    if options.cache_ref:
+        support = buildkit.cache_support()  # probed once; said once, not per tag
+        if support.mode != "registry":
+            use = "read only" if support.mode == "read" else "not used"
+            log.info(f"warning: --cache-ref {options.cache_ref}: {use}: {support.why}")
     return replace(options, inputs=resolved)
 
 

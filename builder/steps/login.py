@@ -39,15 +39,25 @@ def add_arguments(p) -> None:
 
 
 def store(host: str, username: str, password: str) -> str:
-    path = registry.config_dir() / "config.json"
-    try:
-        data = json.loads(path.read_text()) if path.exists() else {}
-    except (OSError, ValueError) as exc:
-        raise EnvironmentProblem(f"{path}: unreadable Docker config ({exc})", "fix or remove it") from None
+    directory = registry.config_dir()
+    if directory is None:
+        raise EnvironmentProblem("no home directory to keep the Docker config in (HOME is unset and this user "
+                                 "has no passwd entry)", "set DOCKER_CONFIG (or HOME) to a writable directory")
+    if not os.environ.get("DOCKER_CONFIG") and not directory.parent.is_dir():
+        # HOME=/nonexistent is how a service user says "no home": never create one (as root, that would work)
+        raise EnvironmentProblem(f"HOME {directory.parent} is not a directory: nowhere to keep {directory}/config.json",
+                                 "set DOCKER_CONFIG (or HOME) to a writable directory")
+    path = directory / "config.json"
+    data = registry.read_config(path, host) or {}
+    if not isinstance(data.get("auths", {}), dict):
+        raise UserError(f"{path}: auths is not a JSON object", f"fix it, or remove it and log in to {host} again")
     token = base64.b64encode(f"{username}:{password}".encode()).decode()
     data.setdefault("auths", {})[host] = {"auth": token}
     # A credential: never readable by others (mkstemp's 0600 from the start, kept by the rename).
-    fsutil.write_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n", mode=0o600)
+    try:
+        fsutil.write_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n", mode=0o600)
+    except OSError as exc:  # HOME unwritable or read-only: one line, and the temp file is gone already
+        raise fsutil.write_failed(path, exc) from None
     return str(path)
 
 

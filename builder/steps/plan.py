@@ -12,11 +12,12 @@ The registry is read with the Docker config's credentials: the workflow runs `bu
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from dataclasses import dataclass, field
 
-from builder import log
+from builder import fsutil, log
 from builder.boundary import published, registry
 from builder.errors import BuilderError
 from builder.model import matrix, plan
@@ -76,13 +77,28 @@ def outputs(m: matrix.Matrix, entries: list[matrix.Entry], options: Options) -> 
                                sort_keys=True) for runner in ("hosted", "gpu")}
 
 
+def append(path: str, text: str) -> None:
+    """Append in one write(2) on an O_APPEND file: plans run at once (one per image job) add whole lines
+    to a shared output, never interleaved, and no temp file is involved."""
+    data = text.encode("utf-8")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            written = os.write(fd, data)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise fsutil.write_failed(path, exc) from None
+    if written != len(data):
+        raise fsutil.write_failed(path, OSError(errno.EIO, "short write"))
+
+
 def main(options: Options, m: matrix.Matrix) -> int:
     entries = planned(m, options)
     found = outputs(m, entries, options)
     lines = "".join(f"{key}={value}\n" for key, value in found.items())
     if options.github_output:
-        with open(options.github_output, "a", encoding="utf-8") as out:
-            out.write(lines)
+        append(options.github_output, lines)
     print(lines, end="")
     log.info(f"plan ({options.event}): {', '.join(e.tag for e in entries) or 'nothing to build'}")
     return 0

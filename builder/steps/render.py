@@ -157,6 +157,17 @@ def _refuse_links(out_dir: Path) -> None:
                 raise UserError(f"{path} is not a regular file or directory", "remove it")
 
 
+def _refuse_pinned(out_dir: Path) -> None:
+    """The old tree is removed whole after the swap: an immutable or append-only entry in it (chattr +i/+a)
+    would fail that removal after the new tree is in place. Refused before anything is written instead."""
+    entries = [Path(root) / name for root, dirs, files in os.walk(out_dir) for name in dirs + files]
+    for path in [out_dir, *entries]:
+        if fsutil.pinned(path):
+            raise EnvironmentProblem(f"{path} is immutable or append-only (chattr +i/+a); render replaces "
+                                         f"{out_dir}/ whole and could not remove it; {out_dir}/ was left as it was",
+                                         f"`chattr -i -a {path}` (as root), then render again")
+
+
 def recover(out_dir: Path = OUT_DIR) -> list[str]:
     """Finish or undo what an interrupted (kill -9, power loss) render left; say what was done.
 
@@ -320,6 +331,7 @@ def apply(rendered: dict[str, dict[str, str]], matrix: Matrix | None = None, pru
             changed, removed = _plan(rendered, out_dir, keep)
             if not changed and not removed:
                 return [], []
+            _refuse_pinned(out_dir)
             try:
                 _stage(rendered, out_dir, staging, removed)
                 _swap(out_dir, staging)

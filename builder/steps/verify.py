@@ -8,7 +8,9 @@ Without a usable GPU the gate runs in CPU mode and the verdict says plainly that
 Signatures (docs/publishing.md): with `--key PATH` or `--certificate-identity ID` cosign checks the image digest
 and every SBOM/provenance stored beside it, and the verdict names who signed. `--require-signature` refuses an
 unsigned image, an attestation that was replaced or added unsigned, and one signed by anyone else, before the
-gate runs; `--signatures-only` checks that much without pulling the image or running anything.
+gate runs; `--signatures-only` checks that much without pulling the image or running anything, and, like a full
+verify, refuses an SBOM or provenance whose content names another image (a signature binds bytes to a signer,
+not to this digest).
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ def add_arguments(p) -> None:
     p.add_argument("--require-signature", action="store_true",
                    help="fail unless the digest and every attestation are signed by the identity given below")
     p.add_argument("--signatures-only", action="store_true",
-                   help="check the signatures (and attestations) only: no pull, no host checks, no gate")
+                   help="check the signatures, and that the attestations name this digest, only: no pull, "
+                        "no host checks, no gate")
     p.add_argument("--key", metavar="PATH", help="cosign public key the image must be signed with")
     p.add_argument("--certificate-identity", metavar="ID",
                    help="keyless signer, exactly: https://github.com/OWNER/REPO/.github/workflows/images.yml"
@@ -244,6 +247,13 @@ def check_signatures(args: Options, identity: cosign.Identity | None) -> dict:
     return signed
 
 
+def refuse_unbound(image: str, attested: dict) -> None:
+    """Stop verify when an attestation stored beside the digest is about another image (strict mode)."""
+    if attested["problem"]:
+        raise StepFailed(f"{image}: {attested['problem']}",
+                         "do not use this image: its attestations are not bound to it (docs/publishing.md)")
+
+
 def verdict(image_ref: str, rows: list, gate: dict, use_gpus: bool, why_cpu: str) -> tuple[bool, list[str]]:
     failed = [r for r in rows if r[1] is False]
     checks = gate.get("checks") or []
@@ -285,8 +295,12 @@ def main(args: Options, m=None) -> int:
     identity = signer(args)
     if args.signatures_only:
         signed = check_signatures(replace(args, require_signature=True), identity)
-        log.out(f"✓ PASS: {args.image}: digest and attestations signed")
-        for line in signed["lines"]:
+        # A signature says who signed the bytes, not what they are about: another image's SBOM or provenance,
+        # signed by the right key and stored beside this digest, must fail here as in a full verify.
+        attested = attestations_of(signed["ref"], None, strict=True)
+        refuse_unbound(args.image, attested)
+        log.out(f"✓ PASS: {args.image}: digest and attestations signed, attestations about this digest")
+        for line in signed["lines"] + attested["lines"]:
             log.out(f"  {line}")
         return 0
     # Signatures first: nothing unsigned is pulled or run, and what runs is the digest that was checked.
@@ -310,9 +324,7 @@ def main(args: Options, m=None) -> int:
     with log.step(f"attestations of {args.image}") as note:
         attested = attestations_of(target, image, strict=args.require_signature)
         note["result"] = attested["lines"][0] if attested["lines"] else "—"
-        if attested["problem"]:  # strict: an attestation of another image stops verify before the gate
-            raise StepFailed(f"{args.image}: {attested['problem']}",
-                             "do not use this image: its attestations are not bound to it (docs/publishing.md)")
+        refuse_unbound(args.image, attested)  # strict: an attestation of another image stops verify before the gate
     with log.step(f"smoke gate in {args.image} ({'GPU' if use_gpus else 'CPU'})") as note:
         gate = run_gate(image.id, gpus=use_gpus, timeout=args.timeout, shm_size=args.shm_size, only=args.checks)
         note["result"] = "passed" if gate.get("passed") else "FAILED"

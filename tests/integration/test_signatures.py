@@ -64,8 +64,20 @@ def layer(text: str) -> bytes:
     return buf.getvalue()
 
 
-def push_image(reg, name: str, marker: str) -> str:
-    """A one-layer OCI image with SBOM and provenance referrers; returns HOST/NAME@sha256:…."""
+def bound_documents(ref: str, digest: str, marker: str) -> tuple[dict, dict]:
+    """An SBOM and a provenance whose content names `ref`@`digest`, as publish writes them (attestations.BINDING)."""
+    sbom = {"spdxVersion": "SPDX-2.3", "name": marker, "documentDescribes": ["SPDXRef-image"],
+            "packages": [{"SPDXID": "SPDXRef-image", "name": f"{ref}@{digest}",
+                          "checksums": [{"algorithm": "SHA256", "checksumValue": digest.split(":", 1)[1]}]}]}
+    statement = {"_type": "https://in-toto.io/Statement/v1", "predicateType": attestations.SLSA_PROVENANCE,
+                 "subject": [{"name": ref, "digest": {"sha256": digest.split(":", 1)[1]}}],
+                 "predicate": {"builder": {"id": "local"}}, "marker": marker}
+    return sbom, statement
+
+
+def push_image(reg, name: str, marker: str, about: str | None = None) -> str:
+    """A one-layer OCI image with SBOM and provenance referrers about it (or, given `about`, naming that other
+    HOST/NAME@sha256:… in their content); returns HOST/NAME@sha256:…."""
     repo = registry.Repository(reg.host, name)
     blob = layer(marker)
     config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Labels": {"test": marker}},
@@ -78,8 +90,8 @@ def push_image(reg, name: str, marker: str) -> str:
     raw = json.dumps(manifest).encode()
     digest = registry.put_manifest(repo, "latest", raw, registry.OCI_MANIFEST)
     subject = {"mediaType": registry.OCI_MANIFEST, "digest": digest, "size": len(raw)}
-    for kind, doc in ((attestations.SBOM_TYPE, {"spdxVersion": "SPDX-2.3", "name": marker}),
-                      (attestations.PROVENANCE_TYPE, {"predicate": {"builder": {"id": "local"}}, "marker": marker})):
+    sbom, statement = bound_documents(*(about or f"{repo.ref}@{digest}").split("@"), marker)
+    for kind, doc in ((attestations.SBOM_TYPE, sbom), (attestations.PROVENANCE_TYPE, statement)):
         registry.push_referrer(repo, subject, kind, json.dumps(doc).encode())
     return f"{repo.ref}@{digest}"
 
@@ -144,3 +156,16 @@ def test_an_image_signed_by_another_identity_fails(local_registry, keys):
 def test_require_signature_without_a_signer_is_a_user_error(local_registry):
     proc = builder("verify", f"{local_registry.host}/sig/x@sha256:{'0' * 64}", "--signatures-only")
     assert proc.returncode == 2 and "--certificate-identity" in proc.stderr, proc.stderr
+
+
+def test_signatures_only_refuses_signed_attestations_about_another_image(local_registry, keys):
+    """Signed by the right key and stored beside this digest, but the SBOM and provenance describe another image:
+    a signature binds bytes to a signer, not to this image. Before, --signatures-only passed it."""
+    other = push_image(local_registry, "sig/victim", "victim")
+    ref = push_image(local_registry, "sig/liar", "liar", about=other)
+    assert builder("sign", ref, "--key", keys["ours"]["key"]).returncode == 0
+    proc = verify(ref, keys["ours"]["pub"])
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "not this image" in errors[0] and ref in errors[0], proc.stderr
+    assert "Traceback" not in proc.stderr and "✓ PASS" not in proc.stdout

@@ -114,3 +114,36 @@ def test_a_mirror_without_release_documents_answers_only_for_the_latest_release(
     assert older["data"] == "none" and older["vulnerabilities"] == [] and "2.15.0" in older["why"]
     assert vulndb.releases([("nothere", "1.0")]) == {("nothere", "1.0"): {"data": "none", "vulnerabilities": [],
                                                                           "why": "not on the index"}}
+
+
+def test_audit_lock_reads_the_committed_locks_and_stops_a_refresh_above_the_threshold(index, tmp_path, monkeypatch,
+                                                                                      capsys):
+    """`audit TAG --lock` (the scheduled refresh's step before a build): the pins of locks/TAG/, no engine; a
+    vulnerability above --max-severity in a locked release fails it, naming the package; no image report written."""
+    from tests.conftest import ROOT, run_cli
+
+    monkeypatch.chdir(ROOT)
+    tag = "cu130-torch2.13-bookworm"
+    peft = next(line.split("==")[1].split()[0] for line in (ROOT / "locks" / tag / "requirements.lock").read_text()
+                .splitlines() if line.startswith("peft=="))
+    index[f"{vulndb.INDEX}/peft/{peft}/json"] = {"info": {"version": peft}, "vulnerabilities": [
+        {**VULN, "id": "GHSA-pppp-eeee-ffff", "aliases": [], "fixed_in": ["99.0"]}]}
+    waivers = tmp_path / "waivers.yaml"
+    waivers.write_text("waivers: []\nseverities:\n  - id: GHSA-pppp-eeee-ffff\n    level: high\n"
+                       "    source: https://github.com/advisories/GHSA-pppp-eeee-ffff\n")
+    report = ROOT / "build" / "reports" / f"{tag}.audit.json"
+    before = report.read_bytes() if report.exists() else None
+    assert run_cli("audit", tag, "--lock", "--waivers", str(waivers), "--max-severity", "medium") == 1
+    out, err = capsys.readouterr()
+    assert f"peft {peft}: GHSA-pppp-eeee-ffff (high)" in err and "Traceback" not in err
+    assert "| peft " in out and "99.0" in out
+    assert (report.read_bytes() if report.exists() else None) == before
+    # The same lock under a threshold the finding is within passes.
+    assert run_cli("audit", tag, "--lock", "--waivers", str(waivers), "--max-severity", "high") == 0
+
+
+def test_audit_lock_of_an_image_reference_is_a_user_error(capsys):
+    from tests.conftest import run_cli
+
+    assert run_cli("audit", "ghcr.io/acme/train:x", "--lock") == 2
+    assert "not a matrix tag" in capsys.readouterr().err

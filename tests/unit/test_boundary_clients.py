@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 
 import pytest
 import requests
@@ -224,3 +225,51 @@ def test_a_credential_helper_answering_garbage_is_one_line_exit_3(runs, tmp_path
         registry.credentials("ghcr.io", tmp_path)
     assert "docker-credential-pass answered" in str(err.value) and "hunter2" not in str(err.value)
     assert err.value.exit_code == 3
+
+
+@pytest.mark.parametrize("answer, none", [
+    (process.Result(1, "credentials not found in native keychain\n", "", ""), True),  # Docker's "no entry"
+    (process.Result(1, "", "gpg: decryption failed: hunter2\n", ""), False),  # broken: before, silently none
+    (process.TimedOut("`docker-credential-pass get` did not finish within 30 s and was stopped"), False),
+], ids=["not-found", "exit-1", "hangs"])
+def test_a_failing_credential_helper_is_one_line_exit_3_unless_it_has_no_entry(runs, tmp_path, answer, none):
+    (tmp_path / "config.json").write_text('{"credHelpers": {"ghcr.io": "pass"}}')
+    runs({"docker-credential-pass get": answer})
+    if none:
+        assert registry.credentials("ghcr.io", tmp_path) is None
+        return
+    with pytest.raises(EnvironmentProblem) as err:
+        registry.credentials("ghcr.io", tmp_path)
+    assert err.value.exit_code == 3 and "\n" not in str(err.value) and "hunter2" not in str(err.value)
+    assert str(err.value).startswith("docker-credential-pass ") and "ghcr.io" in str(err.value)
+
+
+def test_a_credential_helper_name_cannot_become_a_path(runs, tmp_path):
+    (tmp_path / "config.json").write_text('{"credsStore": "../../tmp/evil"}')
+    asked = runs({})
+    with pytest.raises(UserError, match="is not a helper name"):
+        registry.credentials("ghcr.io", tmp_path)
+    assert asked == []
+
+
+@pytest.mark.parametrize("make, needle", [
+    (lambda p: os.mkfifo(p), "is a FIFO, not a regular file"),  # before: read_text() waited forever
+    (lambda p: p.mkdir(), "is a directory"),
+    (lambda p: p.write_bytes(b"\xff\xfe{"), "is not JSON"),
+    (lambda p: p.write_text("[" * 100_000), "is not JSON"),  # before: RecursionError
+], ids=["fifo", "directory", "not-utf8", "deep"])
+def test_a_docker_config_that_is_not_a_json_file_is_one_line_exit_2(tmp_path, make, needle):
+    make(tmp_path / "config.json")
+    with pytest.raises(UserError) as err:
+        registry.credentials("ghcr.io", tmp_path)
+    assert err.value.exit_code == 2 and needle in str(err.value) and "\n" not in str(err.value)
+    assert "docker login ghcr.io" in str(err.value)
+
+
+def test_no_home_directory_means_no_docker_config(monkeypatch):
+    """HOME unset and a UID with no passwd entry (a container's arbitrary --user): before, a RuntimeError."""
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.delenv("DOCKER_CONFIG", raising=False)
+    monkeypatch.setattr("pwd.getpwuid", lambda uid: (_ for _ in ()).throw(KeyError(f"getpwuid(): uid not found: {uid}")))
+    assert registry.config_dir() is None
+    assert registry.credentials("ghcr.io") is None

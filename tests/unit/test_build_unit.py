@@ -188,3 +188,46 @@ def test_a_cache_ref_that_is_not_a_plain_reference_is_exit_2_before_any_engine(p
     err = capsys.readouterr().err
     assert err.startswith("error: --cache-ref") and "Traceback" not in err
     assert [line.split(":")[0] for line in err.strip().splitlines()] == ["error", "hint"]
+
+
+# --- the registry build cache: probed, never assumed -------------------------------------------------------
+
+PROBES = {  # (buildx inspect, docker info DriverStatus) -> what the builder can do with a registry cache
+    ("Name: ci\nDriver: docker-container\n", ""): "registry",
+    ("Name: default\nDriver: docker\n", '[["driver-type","io.containerd.snapshotter.v1"]]'): "registry",
+    ("Name: default\nDriver: docker\n", '[["Backing Filesystem","extfs"],["Supports d_type","true"]]'): "read",
+    ("", ""): "read",  # buildx there, but `inspect` failed: assume nothing beyond reading
+}
+
+
+@pytest.mark.parametrize("answers, mode", PROBES.items(), ids=range(len(PROBES)))
+def test_the_cache_the_builder_uses_is_what_its_driver_supports(monkeypatch, answers, mode):
+    inspect, info = answers
+    monkeypatch.setattr(engine, "client", lambda: engine.Client("/usr/bin/docker", "buildx"))
+    monkeypatch.setattr(buildkit, "_probe", lambda argv: inspect if "inspect" in argv else info)
+    buildkit.cache_support.cache_clear()
+    try:
+        support = buildkit.cache_support()
+    finally:
+        buildkit.cache_support.cache_clear()
+    assert support.mode == mode
+    flags = buildkit.cache_flags("ghcr.io/acme/cache:t", support.mode)
+    assert flags[:2] == ["--cache-from", "type=registry,ref=ghcr.io/acme/cache:t"]
+    # Exporting with the classic `docker` driver fails the whole build, so it is asked for only where it works.
+    assert ("--cache-to" in flags) == (mode == "registry")
+    assert (support.why == "") == (mode == "registry")
+
+
+def test_a_legacy_client_uses_no_registry_cache_and_build_says_so_once(project, monkeypatch, capsys):
+    monkeypatch.setattr(engine, "client", lambda: engine.Client("/usr/bin/docker", "legacy"))
+    buildkit.cache_support.cache_clear()
+    try:
+        assert buildkit.cache_support().mode == "none"
+        assert buildkit.cache_flags("ghcr.io/acme/cache:t", "none") == []
+        from builder.steps import build
+        monkeypatch.setattr(engine, "sdk", lambda: None)
+        build.prepare([], build.Options(cache_ref="ghcr.io/acme/cache:t"))
+    finally:
+        buildkit.cache_support.cache_clear()
+    err = capsys.readouterr().err
+    assert err.count("--cache-ref ghcr.io/acme/cache:t: not used: /usr/bin/docker has no buildx") == 1

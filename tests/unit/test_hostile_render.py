@@ -246,3 +246,21 @@ def test_render_into_a_read_only_project(rendered, capsys):
         assert_refused(rendered, capsys, ["render"], 3, "cannot write", "left as it was")
     finally:
         rendered.chmod(0o755)
+
+
+@pytest.mark.parametrize("which", [TAGS[1], f"{TAGS[1]}/Dockerfile"], ids=["tag-directory", "file"])
+def test_an_immutable_tag_leaves_every_tag_unchanged(rendered, capsys, monkeypatch, which):
+    """One tag directory (or file) under chattr +i, simulated at the fsutil boundary (the real attribute is
+    tests/integration/test_hostile_local.py): before, the swap went through, removing the old tree failed,
+    and render exited 3 saying `left as it was` with every tag changed. Now it is refused before staging."""
+    change_matrix(rendered)
+    pinned = rendered / "dockerfiles" / which
+    monkeypatch.setattr(fsutil, "pinned", lambda path: Path(path).absolute() == pinned)
+    assert_refused(rendered, capsys, ["render"], 3, f"{which} is immutable or append-only", "left as it was",
+                   "chattr -i")
+    assert leftovers(rendered) == [] and locks_intact(rendered)
+
+
+def test_pinned_reads_the_real_attribute_or_says_no(tmp_path):
+    (tmp_path / "f").write_text("x")
+    assert fsutil.pinned(tmp_path / "f") is False and fsutil.pinned(tmp_path / "missing") is False

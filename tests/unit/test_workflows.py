@@ -69,8 +69,12 @@ def reachable_from_pull_request(jobs: dict) -> set[str]:
         for name, job in jobs.items():
             if name in out:
                 continue
-            condition = str(job.get("if", ""))
-            excluded = "github.event_name != 'pull_request'" in condition.replace('"', "'")
+            condition = str(job.get("if", "")).replace('"', "'")
+            # Excluded: `!= 'pull_request'`, or a condition naming only other events (`== 'schedule' || …`).
+            only = re.fullmatch(r"(\$\{\{)?\s*github\.event_name == '\w+'(\s*\|\|\s*github\.event_name == '\w+')*"
+                                r"\s*(\}\})?", condition.strip())
+            excluded = "github.event_name != 'pull_request'" in condition or bool(only and "'pull_request'"
+                                                                                    not in condition)
             if not excluded and all(n in out for n in needs(job)):
                 out.add(name)
                 changed = True
@@ -142,6 +146,9 @@ def test_steps_that_need_an_engine_are_named_so_the_harness_skips_exactly_those(
         for step in job["steps"]:
             engine = re.search(r"builder (build|smoke|publish|sign|diff|lock)\b", str(step.get("run", "")))
             assert bool(engine) == str(step.get("name", "")).startswith("image:"), f"{name}: {step}"
+            # `github:` marks what writes to GitHub (push, pull request): the harness has no GitHub to write to.
+            writes = str(step.get("run", "")) == "make propose-pr"
+            assert writes == str(step.get("name", "")).startswith("github:"), f"{name}: {step}"
 
 
 def test_plan_rebuilds_only_what_changed_and_splits_by_runner():
@@ -177,10 +184,15 @@ def test_make_lint_is_what_the_tests_check():
     assert "builder validate --strict" in makefile.split("\nvalidate:", 1)[1].split("\n\n", 1)[0]
 
 
-def test_write_access_only_where_images_are_pushed():
-    for name, job in load(PIPELINE)["jobs"].items():
+def test_write_access_only_where_images_are_pushed_or_a_proposal_is_opened():
+    jobs = load(PIPELINE)["jobs"]
+    assert "propose" not in reachable_from_pull_request(jobs), "no pull request reaches the job that pushes"
+    for name, job in jobs.items():
         if name in ("hosted-image", "gpu-image"):
             assert job["permissions"] == {"contents": "read", "packages": "write", "id-token": "write"}
+        elif name == "propose":
+            assert job["permissions"] == {"contents": "write", "pull-requests": "write"}
+            assert job["environment"] == "propose" and job["steps"][0]["with"]["persist-credentials"] is False
         else:
             assert "write" not in str(job["permissions"]), f"{name} needs no write access"
 
@@ -188,8 +200,11 @@ def test_write_access_only_where_images_are_pushed():
 def test_reachability_rule_itself():
     """The helper above must see through a job that would sneak onto a GPU runner via `needs`."""
     jobs = {"a": {"runs-on": "ubuntu-24.04"}, "b": {"needs": "a", "runs-on": ["self-hosted"]},
-            "c": {"needs": "b", "if": "github.event_name != 'pull_request'", "runs-on": ["self-hosted"]}}
-    assert reachable_from_pull_request(jobs) == {"a", "b"}
+            "c": {"needs": "b", "if": "github.event_name != 'pull_request'", "runs-on": ["self-hosted"]},
+            "d": {"if": "${{ github.event_name == 'schedule' || github.event_name == 'workflow_dispatch' }}"},
+            "e": {"if": "github.event_name == 'schedule' || github.event_name == 'pull_request'"},
+            "f": {"if": "github.event_name == 'schedule' || always()"}}
+    assert reachable_from_pull_request(jobs) == {"a", "b", "e", "f"}
 
 
 def test_triggers_and_concurrency():

@@ -11,6 +11,11 @@ What stands for what:
 - Steps whose name starts with `image:` need a Docker engine or the image the job builds (build, gate,
   publish, sign, diff, re-lock in the base image): skipped by that rule, and reported. Everything else runs,
   with the default shell (`bash -e`), in order; a failing step fails the job.
+- Steps whose name starts with `github:` write to GitHub (the `propose` job's `make propose-pr`: `git push` of
+  branch propose/<tag>, `gh pr create`): there is no GitHub here to stand for them, so they are skipped by that
+  rule and reported, never run against the clone's origin (this checkout). What they would push is what the steps
+  before them left in the clone (matrix.yaml, locks/, dockerfiles/), which the tests can read.
+- The `propose` step reads the real PyPI (through the proxy in SSL_CERT_FILE where there is one), as on GitHub.
 - Jobs on self-hosted runners are not run; of a matrix job, the first entry of its matrix runs.
 """
 
@@ -30,6 +35,7 @@ from tests.conftest import ROOT
 
 WORKFLOW = ROOT / ".github" / "workflows" / "images.yml"
 ENGINE_PREFIX = "image:"
+GITHUB_PREFIX = "github:"
 STEP_TIMEOUT_S = 900
 
 
@@ -280,6 +286,8 @@ class Runner:
             return StepResult(name, "skipped: an action other than checkout/setup-python")
         if name.startswith(ENGINE_PREFIX):
             return StepResult(name, "skipped: needs a Docker engine or the job's image (`image:` step)")
+        if name.startswith(GITHUB_PREFIX):
+            return StepResult(name, "skipped: writes to GitHub (`github:` step: push, pull request)")
         step_env = dict(env, **{k: interpolate(v, ctx) for k, v in (step.get("env") or {}).items()})
         proc = subprocess.run(["bash", "-e", "-c", step["run"]], cwd=workspace, env=step_env, capture_output=True,
                               text=True, timeout=STEP_TIMEOUT_S)

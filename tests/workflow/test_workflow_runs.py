@@ -50,7 +50,7 @@ def test_check_job_runs_every_step_and_is_the_same_for_every_event(venv, local_r
 
 def jobs_for(event: str) -> set[str]:
     return {"pull_request": {"plan", "pr-image"}, "push": {"plan", "hosted-image", "catalog"},
-            "schedule": {"plan", "hosted-image", "catalog"}}[event]
+            "schedule": {"plan", "hosted-image", "catalog", "propose"}}[event]
 
 
 @pytest.mark.parametrize("event", EVENTS)
@@ -95,6 +95,9 @@ def test_push_logs_in_before_the_plan_reads_the_registry(runs):
     for name in ("image: build", "image: smoke gate", "image: publish", "image: sign the digest and its attestations"):
         assert "`image:` step" in outcome[name], (name, outcome[name])
     assert "`if` is false" in outcome["image: what moved"]
+    # The audit of the locked packages runs before the build, against the index's real data, and passes.
+    audit = next(s for s in image.steps if s.name.startswith("audit the locked packages"))
+    assert audit.outcome == "ran" and "audit locks/" in audit.output and ": passed;" in audit.output, audit.output
 
 
 def test_schedule_plans_every_entry_for_a_refresh(runs):
@@ -121,3 +124,21 @@ def test_expressions_are_evaluated_as_github_does():
     assert harness.evaluate("github.event_name != 'pull_request' && !cancelled()", ctx) is True
     assert harness.interpolate("${{ matrix.gpu && '--gpus=all' || '--cpu' }}", ctx) == "--cpu"
     assert harness.evaluate("fromJSON('{\"include\": []}').include[0] != null", ctx) is False
+
+
+def test_schedule_proposes_an_entry_for_new_releases_and_stops_before_github(runs):
+    """The `propose` job against the real PyPI: `propose` runs and says what it did; a proposed entry is rendered
+    (the lock needs the base image: `image:`), and the push and pull request are skipped (`github:`)."""
+    job = runs("schedule")["propose"]
+    outcome = {s.name.split(" (")[0]: s for s in job.steps}
+    assert job.ran()[:3] == ["actions/checkout@11bd71901bbe5b1630ceea73d27597364c9af683",
+                             "actions/setup-python@a26af69be951a213d495a4c3e4e4022e16d87065", "make venv"]
+    said = outcome["propose"].output
+    assert outcome["propose"].outcome == "ran" and ("appended" in said or "nothing" in said), said
+    proposed = "appended" in said
+    assert "`image:` step" in outcome["image: lock the proposed entry"].outcome if proposed else \
+        "`if` is false" in outcome["image: lock the proposed entry"].outcome
+    assert (outcome["render the proposed entry"].outcome == "ran") == proposed
+    push = outcome["github: push propose/<tag> and open its pull request"].outcome
+    assert ("`github:` step" in push) if proposed else ("`if` is false" in push), push
+    assert "propose" not in runs("push"), "only the schedule (and a dispatch) proposes"
