@@ -124,7 +124,7 @@ def main(options: Options, m: matrix.Matrix) -> int:
             log.info(f"  [{v.rule}] {v.reason} (source: {v.source})")
         _say_tag(options, "")
         return 0
-    print(block, end="")
+    log.out(block, end="")  # text from PyPI's answers: cleaned like every line we print
     if options.dry_run:
         log.info(f"dry run: {entry.tag} not written to {m.path}")
         _say_tag(options, "")

@@ -73,7 +73,7 @@ def test_gate_output_is_read_as_regular_files_only(project, capsys, monkeypatch,
         return 0, "✓ env [cpu] ok\n"
 
     monkeypatch.setattr(engine, "sdk", lambda: type("Sdk", (), {"info": lambda self: {}})())
-    monkeypatch.setattr(engine, "image_or_none", lambda ref: type("Image", (), {"id": "sha256:" + "1" * 64})())
+    monkeypatch.setattr(engine, "image_or_none", lambda ref: type("Image", (), {"id": "sha256:" + "1" * 64, "labels": {}})())
     monkeypatch.setattr(engine, "run_container", container)
     assert run_cli("smoke", TAG, "--cpu", "--image", "train:x") == 1
     err = capsys.readouterr().err
@@ -94,7 +94,7 @@ def test_verify_json_never_carries_a_linked_host_file(project, capsys, monkeypat
 
     monkeypatch.setattr(engine, "sdk", lambda: type("Sdk", (), {"info": lambda self: {"Runtimes": {}}})())
     monkeypatch.setattr(engine, "image_or_none",
-                        lambda ref: type("Image", (), {"id": "sha256:" + "1" * 64, "attrs": {}})())
+                        lambda ref: type("Image", (), {"id": "sha256:" + "1" * 64, "attrs": {}, "labels": {}})())
     monkeypatch.setattr(engine, "run_container", container)
     monkeypatch.setattr(inspect, "read_facts", lambda image: {"tag": TAG, "min_driver": "525"})
     monkeypatch.setattr(host, "gpus", lambda: ([], "no nvidia-smi"))
