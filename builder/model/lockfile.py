@@ -313,7 +313,7 @@ def deb_problems(entry: Entry, nvcc: dict, path: Path, text: str) -> list[str]:
     if toolkit and not toolkit["version"].startswith(nvcc["version"]):
         problems.append(f"{entry.tag}: {path} is stale: {toolkit['name']} {toolkit['version']} is not nvcc "
                         f"{nvcc['version']} (compat.yaml toolchain.nvcc)")
-    if f"# index: " not in text or f" {nvcc['suite']} {nvcc['components']}\n" not in text:
+    if "# index: " not in text or f" {nvcc['suite']} {nvcc['components']}\n" not in text:
         problems.append(f"{entry.tag}: {path} is stale: it was not taken from {nvcc['suite']} {nvcc['components']}")
     if not SNAPSHOT_RE.search(text):
         problems.append(f"{entry.tag}: {path} records no archive snapshot (`# snapshot: URL YYYYMMDDTHHMMSSZ`)")
