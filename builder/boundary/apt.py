@@ -33,3 +33,20 @@ def simulate_install(tag: str, image: str, packages: Sequence[str], components: 
         last = output.strip().splitlines()[-1] if output.strip() else "no output"
         raise UserError(f"{tag}: apt could not resolve {' '.join(packages)} in {image}: {last}")
     return output
+
+
+def show_from_suite(tag: str, image: str, archive: str, suite: str, components: str, packages: Sequence[str]) -> str:
+    """`apt-cache show` of `packages` in another suite's signed index (e.g. trixie from a bookworm base), read
+    with its own source list and package lists: the base's sources and state are untouched. A one-line error
+    naming the tag, the suite and apt's last word when apt cannot (exit 2)."""
+    apart = ("-o Dir::Etc::SourceList=/tmp/suite.list -o Dir::Etc::SourceParts=/dev/null "
+             "-o Dir::State::Lists=/tmp/suite-lists -o Dir::Cache::pkgcache= -o Dir::Cache::srcpkgcache=")
+    script = (_PREPARE + "mkdir -p /tmp/suite-lists/partial && "
+              f"echo 'deb {archive} {suite} {components}' > /tmp/suite.list && "
+              f"apt-get {apart} update -qq >/dev/null && apt-cache {apart} show --no-all-versions "
+              + " ".join(packages))
+    code, output = engine.run_container(image, ["sh", "-c", script], timeout=TIMEOUT_S, network="host")
+    if code != 0:
+        last = output.strip().splitlines()[-1] if output.strip() else "no output"
+        raise UserError(f"{tag}: apt could not read {' '.join(packages)} from {archive} {suite} in {image}: {last}")
+    return output

@@ -267,6 +267,7 @@ def derivations(entry: Entry) -> list[tuple[str, str, str, str]]:
     else:
         packages = ", ".join(source.get("packages", []))
         where = {"pypi": f"PyPI {source.get('requirement', '')}", "debian": f"Debian {packages} ({source.get('base')})",
+                 "debian-unpacked": f"Debian {source.get('suite')} .debs unpacked, not installed ({packages})",
                  "image": "NVIDIA's devel image"}[source["kind"]]
         out.append(("ops toolchain", f"nvcc from {where}", f"host compiler {source.get('host_cxx', 'g++')}, "
                     f"CUDA_HOME {source['cuda_home']}", source["source"]))
@@ -293,6 +294,8 @@ def toolchain(entry: Entry) -> dict:
     elif nvcc["kind"] == "debian":
         size = ("$(dpkg-query -W -f='${Installed-Size}\\n' $(grep -v '^#' /opt/ops/ops-apt.lock | cut -d= -f1) "
                 "| awk '{s += $1} END {print s * 1024}')")
+    elif nvcc["kind"] == "debian-unpacked":
+        size = "$(cat /opt/ops/nvcc-bytes)"  # the unpacked .debs' Installed-Size, summed by the unpack step
     else:
         m = re.match(rules()["base_cuda"]["pattern"], entry.base_name)
         cuda_full = entry.base_name.split(":", 1)[1].split("-", 1)[0]

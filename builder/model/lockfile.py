@@ -23,8 +23,11 @@ OPS_LOCK = "ops.lock"  # what building DeepSpeed's ops needs besides torch (Deep
 DEEPSPEED_LOCK = "deepspeed.lock"  # the DeepSpeed sdist the ops stage builds its wheel from
 NVCC_LOCK = "nvcc.lock"  # nvcc from PyPI (toolchain.nvcc kind pypi)
 OPS_APT_LOCK = "ops-apt.lock"  # nvcc from the distribution (toolchain.nvcc kind debian)
+OPS_DEB_LOCK = "ops-deb.lock"  # nvcc from another release's .debs, unpacked (toolchain.nvcc kind debian-unpacked)
 PYTHON_LOCKS = (TORCH_LOCK, LOCK, OPS_LOCK, DEEPSPEED_LOCK, NVCC_LOCK)
-ALL = (*PYTHON_LOCKS, APT_LOCK, OPS_APT_LOCK, FLASH_LOCK)
+ALL = (*PYTHON_LOCKS, APT_LOCK, OPS_APT_LOCK, OPS_DEB_LOCK, FLASH_LOCK)
+# The lock file each toolchain.nvcc kind needs (kind image needs none: NVIDIA's devel image is the source).
+NVCC_KIND_LOCK = {"pypi": NVCC_LOCK, "debian": OPS_APT_LOCK, "debian-unpacked": OPS_DEB_LOCK}
 
 # Linux x86_64 with glibc 2.28+: Debian 12 (2.36), Ubuntu 22.04 (2.35) and 24.04 (2.39) all qualify.
 PLATFORM = "x86_64-manylinux_2_28"
@@ -201,7 +204,7 @@ def expected(entry: Entry) -> list[str]:
     nvcc = compat.nvcc_source(entry)
     kind = nvcc["kind"] if nvcc else None
     names = [TORCH_LOCK, LOCK, OPS_LOCK, DEEPSPEED_LOCK, APT_LOCK]
-    names += [NVCC_LOCK] if kind == "pypi" else [OPS_APT_LOCK] if kind == "debian" else []
+    names += [NVCC_KIND_LOCK[kind]] if kind in NVCC_KIND_LOCK else []
     return names + ([FLASH_LOCK] if entry.pins.get("flash-attn") else [])
 
 
@@ -231,13 +234,13 @@ def python_problems(entry: Entry, lock_dir: Path) -> list[str]:
 
 
 def toolchain_problems(entry: Entry, lock_dir: Path) -> list[str]:
-    """The ops stage's nvcc lock: present, for this entry's base and torch, and hashed (PyPI) or pinned (apt)."""
+    """The ops stage's nvcc lock: present, for this entry's base and torch, and hashed (PyPI, .debs) or pinned (apt)."""
     nvcc = compat.nvcc_source(entry)
     problems = [f"{entry.tag}: {lock_dir / name} is stale: this entry's toolchain does not use it"
-                for name in (NVCC_LOCK, OPS_APT_LOCK) if (lock_dir / name).exists() and name not in expected(entry)]
-    if nvcc is None or nvcc["kind"] not in ("pypi", "debian"):
+                for name in NVCC_KIND_LOCK.values() if (lock_dir / name).exists() and name not in expected(entry)]
+    if nvcc is None or nvcc["kind"] not in NVCC_KIND_LOCK:
         return problems  # no nvcc, or NVIDIA's devel image: nothing to lock
-    path = lock_dir / (NVCC_LOCK if nvcc["kind"] == "pypi" else OPS_APT_LOCK)
+    path = lock_dir / NVCC_KIND_LOCK[nvcc["kind"]]
     text = _read(path)
     if text is None:
         return problems + [f"{entry.tag}: {path} is missing"]
@@ -247,14 +250,73 @@ def toolchain_problems(entry: Entry, lock_dir: Path) -> list[str]:
         made_for = f"#   {nvcc['requirement']}=={toolkit.version if toolkit else '?'} python={entry.python} "
         if made_for not in text:
             problems.append(f"{entry.tag}: {path} is stale: it was not made for {made_for[4:].strip()}")
-        problems += [f"{entry.tag}: {path} is unpinned: {b.name} has no hash" for b in parse_blocks(text).values()
-                     if "--hash=sha256:" not in b.text]
-    else:
-        if f"# base: {entry.base}\n" not in text:
-            problems.append(f"{entry.tag}: {path} is stale: it was made for another base")
-        names = {line.split("=", 1)[0] for line in _lines(text)}
-        problems += [f"{entry.tag}: {path} is stale: it lacks {p}" for p in nvcc["packages"] if p not in names]
-        problems += [f"{entry.tag}: {path} has unpinned packages: {line}" for line in _lines(text) if "=" not in line]
+        return problems + [f"{entry.tag}: {path} is unpinned: {b.name} has no hash" for b in parse_blocks(text).values()
+                           if "--hash=sha256:" not in b.text]
+    if f"# base: {entry.base}\n" not in text:
+        problems.append(f"{entry.tag}: {path} is stale: it was made for another base")
+    if nvcc["kind"] == "debian-unpacked":
+        return problems + deb_problems(entry, nvcc, path, text)
+    names = {line.split("=", 1)[0] for line in _lines(text)}
+    problems += [f"{entry.tag}: {path} is stale: it lacks {p}" for p in nvcc["packages"] if p not in names]
+    return problems + [f"{entry.tag}: {path} has unpinned packages: {line}" for line in _lines(text) if "=" not in line]
+
+
+# --- ops-deb.lock: .debs of another release, unpacked in the ops stage ---------------------------------------
+
+# One line per .deb: NAME VERSION POOL-PATH SHA256. The path is relative to the archive root (the apt mirror's or
+# the snapshot's), as the suite's Packages index gives it in Filename.
+DEB_LINE = re.compile(r"^(?P<name>[a-z0-9][a-z0-9+.-]*) (?P<version>[A-Za-z0-9.+~:-]+) "
+                      r"(?P<path>pool/[A-Za-z0-9/+._~-]+\.deb) (?P<sha256>[0-9a-f]{64})$")
+
+
+@dataclass(frozen=True)
+class Deb:
+    name: str
+    version: str
+    path: str
+    sha256: str
+
+    def line(self) -> str:
+        return f"{self.name} {self.version} {self.path} {self.sha256}\n"
+
+
+def deb_index_line(nvcc: dict, archive: str) -> str:
+    """`# index: ARCHIVE SUITE COMPONENTS`: which signed package index the .debs were taken from."""
+    return f"# index: {archive} {nvcc['suite']} {nvcc['components']}\n"
+
+
+def parse_debs(stanzas: str, wanted: list[str]) -> list[Deb]:
+    """The .debs of `wanted` from `apt-cache show` output (RFC 822 stanzas with Package, Version, Filename,
+    SHA256), in `wanted`'s order; ValueError naming each package the index lacks or describes without a hash."""
+    found: dict[str, Deb] = {}
+    for stanza in stanzas.strip().split("\n\n"):
+        fields = dict(re.findall(r"^([A-Za-z0-9-]+): ?(.*)$", stanza, flags=re.M))
+        name = fields.get("Package")
+        if name in wanted and name not in found and fields.get("Filename") and fields.get("SHA256"):
+            found[name] = Deb(name, fields.get("Version", ""), fields["Filename"], fields["SHA256"])
+    missing = [n for n in wanted if n not in found]
+    if missing:
+        raise ValueError(f"the package index has no .deb with a sha256 for {', '.join(missing)}")
+    return [found[n] for n in wanted]
+
+
+def deb_problems(entry: Entry, nvcc: dict, path: Path, text: str) -> list[str]:
+    """ops-deb.lock: every package of the toolchain rule, each line complete (version, pool path, sha256), the
+    rule's nvcc version, the index it names, and the snapshot the build falls back to."""
+    problems = [f"{entry.tag}: {path} has a malformed line (want NAME VERSION pool/PATH.deb SHA256): {line}"
+                for line in _lines(text) if not DEB_LINE.match(line)]
+    debs = {m["name"]: m for m in map(DEB_LINE.match, _lines(text)) if m}
+    problems += [f"{entry.tag}: {path} is stale: it lacks {p}" for p in nvcc["packages"] if p not in debs]
+    problems += [f"{entry.tag}: {path} is stale: it has {n}, which compat.yaml toolchain.nvcc does not list"
+                 for n in debs if n not in nvcc["packages"]]
+    toolkit = debs.get(nvcc["packages"][0])
+    if toolkit and not toolkit["version"].startswith(nvcc["version"]):
+        problems.append(f"{entry.tag}: {path} is stale: {toolkit['name']} {toolkit['version']} is not nvcc "
+                        f"{nvcc['version']} (compat.yaml toolchain.nvcc)")
+    if "# index: " not in text or f" {nvcc['suite']} {nvcc['components']}\n" not in text:
+        problems.append(f"{entry.tag}: {path} is stale: it was not taken from {nvcc['suite']} {nvcc['components']}")
+    if not SNAPSHOT_RE.search(text):
+        problems.append(f"{entry.tag}: {path} records no archive snapshot (`# snapshot: URL YYYYMMDDTHHMMSSZ`)")
     return problems
 
 

@@ -16,7 +16,8 @@ CI_TAG = "cu130-torch2.13-bookworm"
 BASE_MIRROR = "mirror.local:5000/library/debian:bookworm-slim"
 MIRROR_FLAGS = ("--base-image", BASE_MIRROR, "--apt-mirror", "http://deb.debian.org/debian",
                 "--flash-attn-mirror", "http://127.0.0.1:9/flash-attn")
-CI_TAG_CUDA12 = "cu124-torch2.6-trixie"  # the CUDA 12 line CI builds and gates (nvcc from Debian 13)
+# The CUDA 12 line CI builds and gates: Debian 12, Python 3.11, nvcc from Debian 13 .debs unpacked in the ops stage.
+CI_TAG_CUDA12 = "cu124-torch2.6-bookworm"
 DOCKER = "/usr/bin/docker"
 
 

@@ -45,7 +45,8 @@ def test_cuda13_ops_are_prebuilt_and_load_without_a_compiler(ci_build, tmp_path)
 
 
 def test_cuda12_gate_passes(ci_build_cuda12):
-    """The CUDA 12 entry (Debian 13, nvcc 12.4 from Debian) through the whole gate, as CI gates it."""
+    """The CUDA 12 entry (Debian 12, Python 3.11; nvcc 12.4 from Debian 13's .debs, unpacked) through the whole
+    gate, as CI gates it."""
     proc = subprocess.run([sys.executable, "-m", "builder", "smoke", CI_TAG_CUDA12, "--cpu"], cwd=ROOT,
                           capture_output=True, text=True, timeout=1800)
     report = json.loads((ROOT / "build/reports" / f"{CI_TAG_CUDA12}.smoke.json").read_text())

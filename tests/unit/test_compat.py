@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from builder.model import compat, matrix
-from tests.conftest import VALID_MATRIX, run_cli
+from tests.conftest import ROOT, VALID_MATRIX, run_cli
 
 
 def entry_with(project, old: str, new: str, tag: str = "cu121-torch2.3") -> matrix.Entry:
@@ -195,6 +197,22 @@ def test_debian_nvcc_is_build_only(project):
     assert compat.check(e) == []  # the combination works: validate accepts it
     found = [v for v in compat.recipe_limits(e) if v.rule == "nvcc-in-image"]
     assert found and "libcuda1" in found[0].reason
+
+
+def test_cuda12_4_on_bookworm_gets_trixie_debs_unpacked_with_g_plus_plus_12():
+    """Python 3.11 + CUDA 12.4 on Debian 12: an nvcc source (trixie's .debs, unpacked), built with bookworm's g++-12;
+    build-only, so an entry that wants nvcc in the image is stopped with the reason."""
+    e = matrix.load(ROOT / "matrix.yaml").by_tag()["cu124-torch2.6-bookworm"]
+    assert compat.check(e) == [] and compat.recipe_limits(e) == []
+    tc = compat.toolchain(e)
+    assert tc["nvcc"]["kind"] == "debian-unpacked" and tc["nvcc"]["suite"] == "trixie"
+    assert tc["host_cxx"] == "g++-12" and tc["cuda_home"] == "/usr" and tc["nvcc_in_image"] is False
+    assert "libcuda1" not in tc["nvcc"]["packages"]
+    derived = {what: value for what, value, _, _ in compat.derivations(e)}
+    assert derived["ops toolchain"].startswith("nvcc from Debian trixie .debs unpacked, not installed")
+    wants_nvcc = dataclasses.replace(e, nvcc=True)
+    found = [v for v in compat.recipe_limits(wants_nvcc) if v.rule == "nvcc-in-image"]
+    assert found and "build-only" in found[0].reason
 
 
 # --- two judgements: does it work (validate, exit 2) vs can the recipe build it here (build, exit 3) ---------

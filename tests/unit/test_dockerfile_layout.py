@@ -78,3 +78,23 @@ def test_compile_new_picks_the_files_of_new_and_upgraded_packages_only(tmp_path)
             f"{module_name}/__init__.py,,\n{module_name}/data.json,,\n../../bin/{module_name}.py,,\n")
     before = {"old-1.0.dist-info", "up-1.0.dist-info"}  # `up` was upgraded, `new` is new, `old` untouched
     assert module.files(str(site), before) == [str(site / "new" / "__init__.py"), str(site / "up" / "__init__.py")]
+
+
+def test_unpacked_debs_are_hash_checked_before_unpacking_and_never_reach_the_image():
+    """nvcc from another suite's .debs (compat.yaml toolchain.nvcc kind debian-unpacked): fetched through the apt
+    mirror, sha256-checked, unpacked with dpkg-deb -x (no apt, so no libcuda1 nor newer libc6), host g++ of the base.
+    Package names, URLs and hashes come from ops-deb.lock at build time, never from the Dockerfile."""
+    entry = matrix.load(ROOT / "matrix.yaml").by_tag()["cu124-torch2.6-bookworm"]
+    dockerfile = render.render_entry(entry)["Dockerfile"]
+    ops = stages(dockerfile)["ops"]
+    assert "COPY ops-deb.lock /opt/ops/ops-deb.lock" in ops and "ARG APT_MIRROR=" in ops
+    assert "apt-get" not in ops and "ops-apt.lock" not in ops
+    assert 'live="${APT_MIRROR:-$archive}"' in ops and 'download-file "$live/$path" "$deb" "SHA256:$sha256"' in ops
+    assert ops.index('sha256sum -c --quiet') < ops.index('dpkg-deb -x "$deb" /')
+    assert "CUDA_HOME=/usr" in ops and "'exec g++-12 \"$@\"'" in ops
+    locked = (ROOT / "locks" / entry.tag / "ops-deb.lock").read_text()
+    for line in (ln for ln in locked.splitlines() if not ln.startswith("#")):
+        name, _, path, sha256 = line.split()
+        assert path not in dockerfile and sha256 not in dockerfile, name
+    after = dockerfile[dockerfile.index("FROM torch AS python"):]
+    assert "ops-deb.lock" not in after and "COPY --from=ops /opt/ops/wheel/ /opt/train-image/ops/" in after

@@ -209,10 +209,11 @@ def test_a_flash_attn_exception_only_where_the_wheel_has_no_sourced_hash():
 
 
 TRIXIE_TAG = "cu124-torch2.6-trixie"  # nvcc from Debian's archive: ops-apt.lock
+DEBS_TAG = "cu124-torch2.6-bookworm"  # nvcc from Debian 13's .debs, unpacked on Debian 12: ops-deb.lock
 
 
 @pytest.mark.parametrize("tag,name", [(CI_TAG, "nvcc.lock"), (TRIXIE_TAG, "ops-apt.lock"), (CI_TAG, "ops.lock"),
-                                      (CI_TAG, "deepspeed.lock")])
+                                      (CI_TAG, "deepspeed.lock"), (DEBS_TAG, "ops-deb.lock")])
 def test_a_missing_toolchain_lock_fails(repo, capsys, tag, name):
     """Every lock the Dockerfile copies is checked, the ops stage's included (a build would stop at COPY)."""
     (repo / "locks" / tag / name).unlink()
@@ -249,3 +250,92 @@ def test_lock_check_runs_while_a_build_holds_the_tag(repo, capsys):
         assert code == 0, err
         assert run_cli("lock", "--no-apt", CI_TAG) == 3
         assert "`build` (pid" in capsys.readouterr().err
+
+
+# --- ops-deb.lock: .debs of another suite, unpacked (toolchain.nvcc kind debian-unpacked) -------------------
+
+def _edit_debs(repo, old: str, new: str) -> None:
+    path = repo / "locks" / DEBS_TAG / "ops-deb.lock"
+    assert old in path.read_text()
+    path.write_text(path.read_text().replace(old, new))
+
+
+def test_the_committed_ops_deb_lock_pins_each_deb_by_pool_path_and_sha256():
+    text = (ROOT / "locks" / DEBS_TAG / "ops-deb.lock").read_text()
+    rows = [lockfile.DEB_LINE.match(line) for line in text.splitlines() if not line.startswith("#")]
+    nvcc = compat.nvcc_source(matrix.load(ROOT / "matrix.yaml").by_tag()[DEBS_TAG])
+    assert all(rows) and [r["name"] for r in rows] == nvcc["packages"]
+    assert "libcuda1" not in text and "libc6" not in text  # what apt would have pulled in: never unpacked
+    assert rows[0]["name"] == "nvidia-cuda-toolkit" and rows[0]["version"].startswith("12.4.131")
+    assert "# index: http://deb.debian.org/debian trixie main contrib non-free\n" in text
+    assert lockfile.snapshot(text)
+
+
+@pytest.mark.parametrize("old,new,message", [
+    ("d846838f914a0176948d48a8bcade5d6dbcccb5c9374343f6475f5503f173ee0", "d846838f",
+     "has a malformed line (want NAME VERSION pool/PATH.deb SHA256): nvidia-cuda-dev "),
+    ("libnvvm4 12.4.131", "libnvvm5 12.4.131", "is stale: it lacks libnvvm4"),
+    ("nvidia-cuda-toolkit 12.4.131~12.4.1-2 ", "nvidia-cuda-toolkit 12.8.93~12.8.1-1 ",
+     "is stale: nvidia-cuda-toolkit 12.8.93~12.8.1-1 is not nvcc 12.4.131"),
+    (" trixie main contrib non-free", " bookworm main contrib non-free", "is stale: it was not taken from trixie"),
+    ("# base: debian:bookworm-slim@", "# base: debian:trixie-slim@", "is stale: it was made for another base"),
+])
+def test_a_damaged_ops_deb_lock_fails_naming_what(repo, capsys, old, new, message):
+    _edit_debs(repo, old, new)
+    code, err = check(capsys, DEBS_TAG)
+    assert code == 1 and f"error: {DEBS_TAG}: locks/{DEBS_TAG}/ops-deb.lock {message}" in err
+
+
+def test_an_ops_deb_lock_without_snapshot_fails(repo, capsys):
+    path = repo / "locks" / DEBS_TAG / "ops-deb.lock"
+    path.write_text("".join(ln for ln in path.read_text().splitlines(keepends=True) if not ln.startswith("# snapshot")))
+    code, err = check(capsys, DEBS_TAG)
+    assert code == 1 and "ops-deb.lock records no archive snapshot" in err
+
+
+# Recorded `apt-cache show --no-all-versions` output of trixie's index (2026-12-04), trimmed to the fields used.
+TRIXIE_SHOW = """Package: libcudart12
+Version: 12.4.127~12.4.1-2
+Depends: libc6 (>= 2.34)
+Filename: pool/non-free/n/nvidia-cuda-toolkit/libcudart12_12.4.127~12.4.1-2_amd64.deb
+SHA256: 361b3721cf84bf068e111ff013c819de61cb475268b0d38db99839471f1b4130
+
+Package: nvidia-cuda-toolkit
+Version: 12.4.131~12.4.1-2
+Filename: pool/non-free/n/nvidia-cuda-toolkit/nvidia-cuda-toolkit_12.4.131~12.4.1-2_amd64.deb
+SHA256: cd5fe85aee38d108b315f408a688641478f2402622a10c677478eb7a6c4e5319
+"""
+
+
+def test_debs_are_read_from_the_index_in_the_rules_order():
+    debs = lockfile.parse_debs(TRIXIE_SHOW, ["nvidia-cuda-toolkit", "libcudart12"])
+    assert [d.name for d in debs] == ["nvidia-cuda-toolkit", "libcudart12"]
+    assert debs[1].line() == ("libcudart12 12.4.127~12.4.1-2 pool/non-free/n/nvidia-cuda-toolkit/"
+                              "libcudart12_12.4.127~12.4.1-2_amd64.deb "
+                              "361b3721cf84bf068e111ff013c819de61cb475268b0d38db99839471f1b4130\n")
+    assert all(lockfile.DEB_LINE.match(d.line().rstrip("\n")) for d in debs)
+    with pytest.raises(ValueError, match="no .deb with a sha256 for libnvvm4$"):
+        lockfile.parse_debs(TRIXIE_SHOW, ["nvidia-cuda-toolkit", "libnvvm4"])
+
+
+def _locked_from(monkeypatch, tmp_path, shown: str) -> str:
+    """lock's ops-deb step on `shown` (the suite index's answer, recorded: unit tests have no network)."""
+    entry = matrix.load(ROOT / "matrix.yaml").by_tag()[DEBS_TAG]
+    nvcc = dict(compat.nvcc_source(entry), packages=["nvidia-cuda-toolkit", "libcudart12"])
+    monkeypatch.setattr(lock.apt, "show_from_suite", lambda *args: shown)
+    lock._lock_ops_debs(entry, nvcc, tmp_path, "debian:bookworm-slim")
+    return (tmp_path / lockfile.OPS_DEB_LOCK).read_text()
+
+
+def test_lock_writes_one_line_per_deb_and_keeps_its_snapshot_date_while_nothing_moves(monkeypatch, tmp_path):
+    first = _locked_from(monkeypatch, tmp_path, TRIXIE_SHOW)
+    assert first.splitlines()[-2].startswith("nvidia-cuda-toolkit 12.4.131~12.4.1-2 pool/non-free/")
+    dated = first.replace(lockfile.snapshot(first)["ts"], "20200101T000000Z")
+    (tmp_path / lockfile.OPS_DEB_LOCK).write_text(dated)
+    assert _locked_from(monkeypatch, tmp_path, TRIXIE_SHOW) == dated  # same .debs: the file is untouched
+
+
+def test_lock_refuses_a_suite_whose_nvcc_moved_on(monkeypatch, tmp_path):
+    moved = TRIXIE_SHOW.replace("Version: 12.4.131~12.4.1-2", "Version: 12.8.93~12.8.1-1")
+    with pytest.raises(UserError, match="trixie now has nvidia-cuda-toolkit 12.8.93~12.8.1-1, not 12.4.131"):
+        _locked_from(monkeypatch, tmp_path, moved)
