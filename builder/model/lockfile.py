@@ -228,6 +228,11 @@ def python_problems(entry: Entry, lock_dir: Path) -> list[str]:
             problems.append(f"{entry.tag}: {lock_path} is stale: it has {name}=={got.version}, the matrix {version}")
     problems += [f"{entry.tag}: {lock_path} is unpinned: {b.name} has no hash" for b in blocks.values()
                  if "--hash=sha256:" not in b.text]
+    # The ops stage builds the DeepSpeed wheel with the ops lock's setuptools (bdist_wheel); without it, the venv's
+    # bundled one fails ("invalid command 'bdist_wheel'") on Python < 3.12, where torch pulls none.
+    if not any("setuptools" in parse_blocks(_read(lock_dir / name)) for name in (TORCH_LOCK, OPS_LOCK)):
+        problems.append(f"{entry.tag}: {lock_dir / OPS_LOCK} is stale: neither it nor {TORCH_LOCK} pins setuptools "
+                        "to build the DeepSpeed wheel with")
     if f"# inputs: {inputs_digest(entry)}" not in _read(lock_path):
         problems.append(f"{entry.tag}: {lock_path} is stale: it was made from other inputs (Python, index or pins)")
     return problems

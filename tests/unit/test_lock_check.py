@@ -339,3 +339,15 @@ def test_lock_refuses_a_suite_whose_nvcc_moved_on(monkeypatch, tmp_path):
     moved = TRIXIE_SHOW.replace("Version: 12.4.131~12.4.1-2", "Version: 12.8.93~12.8.1-1")
     with pytest.raises(UserError, match="trixie now has nvidia-cuda-toolkit 12.8.93~12.8.1-1, not 12.4.131"):
         _locked_from(monkeypatch, tmp_path, moved)
+
+
+def test_an_ops_lock_without_setuptools_is_stale_where_torch_pulls_none(repo, capsys):
+    """Python < 3.12: torch pulls no setuptools, and the venv's bundled one cannot bdist_wheel the DeepSpeed ops;
+    an ops.lock made before setuptools was added must fail the check, not the build an hour later."""
+    tag = "cu124-torch2.6-bookworm"
+    assert "setuptools" not in lockfile.parse_blocks((repo / "locks" / tag / "torch.lock").read_text())
+    path = repo / "locks" / tag / "ops.lock"
+    blocks = lockfile.parse_blocks(path.read_text())
+    path.write_text(path.read_text().replace(blocks["setuptools"].text, ""))
+    code, err = check(capsys, tag)
+    assert code == 1 and "ops.lock is stale: neither it nor torch.lock pins setuptools" in err
