@@ -10,7 +10,7 @@ The gate runs both as 2 gloo ranks on CPU (DS_ACCELERATOR=cpu) or one rank per G
 users can run the same job, twice, under the launchers they use, from /opt/train-image:
     torchrun --nproc_per_node 2 -m smoke.train_trainer --out /tmp/trainer
     deepspeed --num_gpus 2 --module smoke.train_trainer --out /tmp/trainer
-    accelerate launch --num_processes 2 -m smoke.train_trainer --out /tmp/trainer
+    accelerate launch --use_deepspeed --num_processes 2 -m smoke.train_trainer --out /tmp/trainer
 (on CPU: DS_ACCELERATOR=cpu). Exit status 0 iff every assertion passed; rank 0 prints them."""
 
 import argparse
@@ -113,6 +113,7 @@ def train_phase(res, out, first, gpu):
     losses = logged_losses(trainer)
     res.figures.update(losses=losses, steps=trainer.state.global_step)
     res.add(f"trained steps 1..{first}", sorted(losses) == list(range(1, first + 1)), sorted(losses))
+    check_world(res, trainer)
     check_checkpoint_dir(res, os.path.join(out, f"checkpoint-{first}"), first)
 
 
@@ -198,6 +199,14 @@ def train(out, save_steps, max_steps, bf16, gpu, resume):
 def logged_losses(trainer):
     """{step: training loss} from the Trainer's log history."""
     return {e["step"]: e["loss"] for e in trainer.state.log_history if "loss" in e and "step" in e}
+
+
+def check_world(res, trainer):
+    """The Trainer counts every rank the launcher started (a miscount trains each rank alone, or stops DeepSpeed)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    res.figures["world_size"] = trainer.args.world_size
+    res.add(f"Trainer counts all {world} ranks", trainer.args.world_size == world,
+            f"Trainer {trainer.args.world_size}, launcher {world}")
 
 
 def check_checkpoint_dir(res, ckpt, step):

@@ -22,7 +22,8 @@ JOB = ["-m", "smoke.train_trainer", "--out", "/tmp/trainer", "--steps", "4"]
 LAUNCHERS = {
     "torchrun": ["torchrun", "--nproc_per_node", "2", *JOB],
     "deepspeed": ["deepspeed", "--num_gpus", "2", "--module", *JOB[1:]],
-    "accelerate": ["accelerate", "launch", "--num_processes", "2", *JOB],
+    # --use_deepspeed: without it (and with no GPU) accelerate launch starts one process whatever --num_processes says.
+    "accelerate": ["accelerate", "launch", "--use_deepspeed", "--num_processes", "2", *JOB],
 }
 # What the runs left, listed after the second exits (the container's /tmp goes with it).
 LISTING = "; rc=$?; cd /tmp/trainer && ls -d checkpoint-* consolidated/model.safetensors checkpoint-4/global_step4; exit $rc"
@@ -49,6 +50,7 @@ def test_the_trainer_job_resumes_and_consolidates_under_each_launcher(launcher, 
                            IMAGE, "sh", "-c", command], capture_output=True, text=True, timeout=900)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"{launcher}: exit {proc.returncode}\n{out[-6000:]}"
+    assert "rank 1/2 done: ok" in proc.stdout, out[-6000:]
     for phase in ("train", "resume"):
         assert f"\u2713 trainer {phase} [cpu]" in proc.stdout, out[-6000:]
     left = set(proc.stdout.split())
