@@ -6,7 +6,9 @@ with ZeRO-3 CPU offload (offload_optimizer: {device: cpu}: DeepSpeedCPUAdam). On
 ops (shm_comm, the CPU Adam kernels) are JIT-built by DeepSpeed as for any user, so g++, ninja and the
 Python headers must be in the image. Proves the stack composes: transformers builds a model from a config
 (no download), peft wraps it, DeepSpeed partitions it (stage3_param_persistence_threshold 0 so even tiny
-params are partitioned), trains N steps on a fixed batch, saves and reloads a checkpoint.
+params are partitioned), trains N steps on a fixed batch, saves and reloads a checkpoint. Then the job most
+users run (smoke.train_trainer): transformers' Trainer with a DeepSpeed ZeRO-3 config + LoRA, a checkpoint, a
+resume from it, zero_to_fp32 consolidation and a reload of the consolidated weights.
 Parent side (run) launches ranks via smoke.ranks; worker side (worker) is `python -m smoke.train`.
 """
 
@@ -24,6 +26,9 @@ BATCH, SEQ, VOCAB = 4, 32, 256
 # The two DeepSpeed configs users start from; only the optimizer placement differs.
 VARIANTS = ("adamw", "offload")
 EXPECTED_OPTIMIZER = {"adamw": "FusedAdam", "offload": "DeepSpeedCPUAdam"}
+# The Trainer job users run (smoke.train_trainer: Trainer + DeepSpeed config): a first run to a checkpoint,
+# then a second process that resumes from it, consolidates with zero_to_fp32 and reloads.
+TRAINER_PHASES = ("train", "resume")
 
 
 def ds_config(bf16, variant="adamw"):
@@ -62,6 +67,7 @@ def run(res, facts, mode, n_gpus, out_dir, steps, timeout):
     for variant in VARIANTS:
         left = timeout - (time.monotonic() - started)
         run_variant(res, mode, n, out_dir, steps, max(30.0, left), variant)
+    run_trainer(res, mode, n, out_dir, steps, lambda: max(30.0, timeout - (time.monotonic() - started)))
     res.figures["wall_seconds"] = round(time.monotonic() - started, 2)
     summarise(res, n)
 
@@ -73,26 +79,53 @@ def summarise(res, n):
         v = f.get(variant) or {}
         if v.get("loss_first") is not None and v.get("loss_last") is not None:
             parts.append(f"{variant} ({v.get('optimizer')}) loss {v['loss_first']:.4f} -> {v['loss_last']:.4f}")
+    t = f.get("trainer-resume") or {}
+    if t.get("loss_last") is not None:
+        parts.append(f"Trainer loss {t['loss_first']:.4f} -> {t['loss_last']:.4f}, resumed at step "
+                     f"{t.get('resumed_at')} to {t.get('global_step')}")
     if parts:
         res.summary = f"{n} ranks {f.get('dtype')}: " + "; ".join(parts)
 
 
-def run_variant(res, mode, n, out_dir, steps, timeout, variant):
+def job_env(mode, n, steps, ckpt, variant):
     env = launch.base_env(mode)
-    ckpt = tempfile.mkdtemp(prefix="smoke-ckpt-")
     env.update(SMOKE_MODE=mode, SMOKE_STEPS=str(steps), SMOKE_CKPT_DIR=ckpt, SMOKE_VARIANT=variant)
     if mode == "cpu":
         # Two ranks share the cores; oversubscribed OpenMP threads make gloo crawl.
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) // n)))
+    return env
+
+
+def run_variant(res, mode, n, out_dir, steps, timeout, variant):
+    ckpt = tempfile.mkdtemp(prefix="smoke-ckpt-")
     try:
-        r, data = ranks.run_job("smoke.train", n, out_dir, f"train-{variant}", timeout, env)
+        run_rank_job(res, "smoke.train", n, out_dir, variant, timeout, job_env(mode, n, steps, ckpt, variant))
     finally:
         shutil.rmtree(ckpt, ignore_errors=True)
-    merge_variant(res, variant, r, data)
-    prefix = f"{variant}: "
+
+
+def run_trainer(res, mode, n, out_dir, steps, time_left):
+    """The Trainer job's two runs over one output directory; the resume runs only after a good first run."""
+    ckpt = tempfile.mkdtemp(prefix="smoke-trainer-")
+    try:
+        for phase in TRAINER_PHASES:
+            env = dict(job_env(mode, n, steps, ckpt, "trainer"), SMOKE_TRAINER_PHASE=phase)
+            if not run_rank_job(res, "smoke.train_trainer", n, out_dir, f"trainer-{phase}", time_left(), env):
+                break
+    finally:
+        shutil.rmtree(ckpt, ignore_errors=True)
+
+
+def run_rank_job(res, module, n, out_dir, name, timeout, env):
+    """One multi-rank job; its items and figures land in res under `name`. True iff it passed."""
+    r, data = ranks.run_job(module, n, out_dir, f"train-{name}", timeout, env)
+    merge_variant(res, name, r, data)
+    prefix = f"{name}: "
     ok = ranks.record_exit(res, r, data, timeout, prefix)
     if not ok or not data or any(i["ok"] is False for i in data.get("items", [])):
         ranks.explain_failure(res, r, prefix)
+        return False
+    return True
 
 
 def merge_variant(res, variant, r, data):

@@ -1,10 +1,11 @@
 """The image as OpenShift and hardened Kubernetes run it: an arbitrary UID with no passwd entry (HOME=/), a
-read-only root file system, a writable /tmp. `smoke env` and `smoke compile` pass there, and the gate's caches
-(Hugging Face, DeepSpeed's JIT ops, triton, pip) land under /tmp. The whole gate is not run this way here: its
-train check JIT-builds DeepSpeed's CPU ops for minutes on CI's 2 cores (issue 21 follow-up)."""
+read-only root file system, a writable /tmp. The whole gate passes there (`smoke all --cpu`, the container the
+gate runs, plus those flags), and the gate's caches (Hugging Face, DeepSpeed's JIT ops, triton, pip) land under
+/tmp. /tmp is mounted exec: DeepSpeed's CPU ops are JIT-built there and loaded from there."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
@@ -40,3 +41,17 @@ def test_the_gates_caches_go_to_tmp_when_home_is_not_writable(ci_build):
     caches = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
     assert set(caches) == {"hf", "torch_extensions", "triton"}, proc.stdout
     assert all(path.startswith("/tmp/smoke-home-12345/") for path in caches.values()), caches
+
+
+def test_the_whole_gate_passes_as_an_arbitrary_uid_and_group_on_a_read_only_root(ci_build, tmp_path):
+    out = tmp_path / "smoke-out"
+    out.mkdir()
+    out.chmod(0o777)  # the gate's UID owns nothing on this host
+    # The gate's own container (builder.boundary.gate: no network, 8g shm, HF_HUB_OFFLINE) as UID:GID 12345:12345.
+    hardened_gate = ["--rm", "--network", "none", "--user", "12345:12345", "--read-only", "--tmpfs", "/tmp:exec",
+                     "--shm-size", "8g", "-e", "HF_HUB_OFFLINE=1", "-v", f"{out}:/smoke-out"]
+    proc = subprocess.run([DOCKER, "run", *hardened_gate, IMAGE, "smoke", "all", "--cpu", "--out", "/smoke-out"],
+                          capture_output=True, text=True, timeout=2400)
+    assert proc.returncode == 0, f"smoke all as 12345:12345, read-only root:\n{proc.stdout[-4000:]}{proc.stderr[-2000:]}"
+    verdict = json.loads((out / "all.json").read_text())
+    assert verdict["passed"] and [c["name"] for c in verdict["checks"]] == ["env", "ops", "compile", "train", "nccl"]

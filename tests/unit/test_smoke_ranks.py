@@ -4,7 +4,7 @@ Real ranks started by the real launcher (with a stand-in worker that needs no to
 test_smoke_ranks_real.py.
 """
 
-from smoke import nccl, ranks, report, train
+from smoke import nccl, ranks, report, train, train_trainer
 
 
 def test_only_rank_0_writes(tmp_path):
@@ -78,6 +78,21 @@ def test_train_variants_merge_under_their_names_and_summarise():
     train.summarise(res, 2)
     assert res.summary == ("2 ranks fp32: adamw (FusedAdam) loss 5.5000 -> 5.2500; "
                            "offload (DeepSpeedCPUAdam) loss 5.5000 -> 5.3000")
+
+
+def test_trainer_resume_figures_join_the_summary_and_the_deepspeed_launchers_flag_is_accepted(monkeypatch):
+    res = report.Result("train", "cpu")
+    data = {"items": [{"name": "resume continued at step 3 up to 4", "ok": True, "detail": ""}],
+            "figures": {"dtype": "fp32", "loss_first": 5.568, "loss_last": 5.424, "resumed_at": 2,
+                        "global_step": 4}}
+    train.merge_variant(res, "trainer-resume", {"seconds": 40.0, "logs": []}, data)
+    assert res.items[0]["name"] == "trainer-resume: resume continued at step 3 up to 4"
+    train.summarise(res, 2)
+    assert res.summary == "2 ranks fp32: Trainer loss 5.5680 -> 5.4240, resumed at step 2 to 4"
+    monkeypatch.delenv("SMOKE_TRAINER_PHASE", raising=False)
+    monkeypatch.delenv("SMOKE_STEPS", raising=False)
+    args = train_trainer.parse_args(["--out", "/tmp/t", "--local_rank=1"])  # what `deepspeed` appends
+    assert (args.out, args.steps, args.phase, args.local_rank) == ("/tmp/t", 4, None, 1)
 
 
 def test_nccl_busbw_below_the_floor_fails_and_cpu_is_not_gated(monkeypatch):
