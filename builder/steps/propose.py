@@ -16,13 +16,11 @@ import tempfile
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
-from urllib.parse import urljoin
 
 from builder import fsutil, log
-from builder.boundary import web
+from builder.boundary import pypi
 from builder.errors import BuilderError, UserError
 from builder.model import compat, knowledge, matrix, proposal
-from builder.steps import refresh
 
 NAME = "propose"
 HELP = "propose a matrix entry for the newest torch and stack releases on PyPI (appends it to matrix.yaml)"
@@ -42,14 +40,13 @@ def add_arguments(p) -> None:
 
 
 def torch_facts() -> dict:
-    project = refresh.pypi_project("torch")
+    project = pypi.project("torch")
     version = proposal.newest(project.get("releases") or {})
     wheels = knowledge.linux_wheels(project["releases"][version]) if version else []
     metadata = None
     if wheels:  # PEP 658 metadata; where it is missing, the project JSON's `info` has the newest release's
         try:
-            url = urljoin(refresh.PYPI.format(name="torch"), wheels[0]["url"]) + ".metadata"
-            metadata = web.get(url, timeout=refresh.TIMEOUT_S).decode("utf-8", "replace")
+            metadata = pypi.wheel_metadata("torch", wheels[0])
         except OSError:
             pass
     return proposal.torch_release(project, metadata)
@@ -59,7 +56,7 @@ def stack_versions(template: matrix.Entry) -> dict[str, str]:
     out = {}
     for name in proposal.STACK:
         if template.pins.get(name):
-            newest = proposal.newest(refresh.pypi_project(name).get("releases") or {})
+            newest = proposal.newest(pypi.project(name).get("releases") or {})
             out[name] = newest or template.pins[name]  # no final release listed: keep what the matrix pins
     return out
 

@@ -8,22 +8,19 @@ The parsing and the diff are pure (builder.model.knowledge). Nothing is written 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import date
 from importlib import resources
 from pathlib import Path
-from urllib.parse import urljoin
 
 import yaml
 from packaging.version import InvalidVersion, Version
 
 from builder import fsutil, log
-from builder.boundary import git, web
-from builder.errors import EnvironmentProblem, UserError
+from builder.boundary import git, pypi, web
+from builder.errors import UserError
 from builder.model import compat, knowledge
 
-PYPI = "https://pypi.org/pypi/{name}/json"
 RAW = "https://raw.githubusercontent.com/Dao-AILab/flash-attention/v{version}/{path}"
 FLASH_FILES = (".github/workflows/publish.yml", "setup.py")
 FLASH_SINCE = "2.5.8"  # older releases are not in compat.yaml and not worth tracking
@@ -62,28 +59,17 @@ def _get(url: str) -> bytes:
     return web.get(url, timeout=TIMEOUT_S)
 
 
-def pypi_project(name: str) -> dict:
-    try:
-        return json.loads(_get(PYPI.format(name=name)))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise EnvironmentProblem(f"cannot read {PYPI.format(name=name)}: {exc}",
-                                 "check the network/proxy (SSL_CERT_FILE for an intercepting proxy)") from exc
-
-
 def torch_from_pypi(since: str) -> dict[str, dict]:
     """{minor: facts} for the newest release of each torch minor on PyPI."""
-    project = pypi_project("torch")
+    project = pypi.project("torch")
     out = {}
     for minor, version in knowledge.latest_per_minor(project["releases"], since).items():
         files = project["releases"][version]
         wheels = knowledge.linux_wheels(files)
         metadata = None
-        # PEP 658 metadata (`<wheel>.metadata`) exists for files uploaded since 2023; the JSON API's
-        # `core-metadata` flag is not reliable behind mirrors, so ask and accept a 404.
         for wheel in wheels[:3]:  # metadata is per file; a few tries cover partly backfilled releases
-            url = urljoin(PYPI.format(name="torch"), wheel["url"]) + ".metadata"
             try:
-                metadata = _get(url).decode("utf-8", "replace")
+                metadata = pypi.wheel_metadata("torch", wheel)
                 break
             except OSError as exc:
                 reason = getattr(exc, "status", None) or exc
@@ -97,7 +83,7 @@ def torch_from_pypi(since: str) -> dict[str, dict]:
 
 def declared_metadata(name: str, since: str) -> dict[str, list[str]]:
     """{release: its Requires-Dist and Requires-Python lines} for the final releases of `name` since `since`."""
-    project = pypi_project(name)
+    project = pypi.project(name)
     out = {}
     for raw, files in project.get("releases", {}).items():
         try:
@@ -108,7 +94,7 @@ def declared_metadata(name: str, since: str) -> dict[str, list[str]]:
         if version.is_prerelease or version < Version(since) or not wheels:
             continue
         try:
-            text = _get(urljoin(PYPI.format(name=name), wheels[0]["url"]) + ".metadata").decode()
+            text = pypi.wheel_metadata(name, wheels[0])
         except OSError:  # web.Failed is an OSError
             continue  # releases uploaded before PEP 658 have no separate metadata file
         out[raw] = [ln.split(":", 1)[1].strip() for ln in text.splitlines()
@@ -117,7 +103,7 @@ def declared_metadata(name: str, since: str) -> dict[str, list[str]]:
 
 
 def _flash_versions() -> list[str]:
-    project = pypi_project("flash-attn")
+    project = pypi.project("flash-attn")
     found = []
     for raw in project["releases"]:
         try:

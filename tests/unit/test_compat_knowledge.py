@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from builder.boundary import pypi, web
 from builder.model import compat, explain, knowledge
 from builder.model.matrix import Entry
 from builder.steps import refresh
@@ -151,10 +152,10 @@ def test_compat_verb(project, capsys):
 class FakePyPI:
     """Serves the fixture files in place of pypi.org; GitHub is unreachable, as on this machine."""
 
-    def __call__(self, url: str) -> bytes:
-        if url == refresh.PYPI.format(name="torch"):
+    def __call__(self, url: str, **_bounds) -> bytes:
+        if url == pypi.JSON_URL.format(name="torch"):
             return (DATA / "pypi" / "torch.json").read_bytes()
-        if url == refresh.PYPI.format(name="flash-attn"):
+        if url == pypi.JSON_URL.format(name="flash-attn"):
             return json.dumps({"releases": {"2.8.3": [{}], "2.9.0": [{}], "2.5.0": [{}]}}).encode()
         if "/torch-2.6.0-" in url and url.endswith(".metadata"):  # same Requires-Dist for every cpXY wheel
             return (DATA / "pypi" / "torch-2.6.0-cp311-cp311-manylinux1_x86_64.whl.metadata").read_bytes()
@@ -170,7 +171,7 @@ def refresh_args(tmp_path, **over) -> argparse.Namespace:
 
 
 def test_refresh_shows_the_diff_and_writes_nothing(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(refresh, "_get", FakePyPI())
+    monkeypatch.setattr(web, "get", FakePyPI())
     args = refresh_args(tmp_path)
     before = Path(args.compat_file).read_text()
     assert refresh.main(args) == refresh.DIFFERENCES_EXIT  # differences found, nothing written
@@ -184,7 +185,7 @@ def test_refresh_shows_the_diff_and_writes_nothing(tmp_path, monkeypatch, capsys
 
 
 def test_refresh_write_applies_what_has_data(tmp_path, monkeypatch):
-    monkeypatch.setattr(refresh, "_get", FakePyPI())
+    monkeypatch.setattr(web, "get", FakePyPI())
     args = refresh_args(tmp_path, write=True)
     text = Path(args.compat_file).read_text()
     Path(args.compat_file).write_text(text.replace('python: ">=3.9,<3.14", cxx11abi: false,\n          cxx11abi_builds',
@@ -198,10 +199,10 @@ def test_refresh_write_applies_what_has_data(tmp_path, monkeypatch):
 
 
 def test_refresh_network_failure_is_a_machine_problem(tmp_path, monkeypatch, capsys):
-    def down(url):
+    def down(url, **_bounds):
         raise OSError("Name or service not known")
 
-    monkeypatch.setattr(refresh, "_get", down)
+    monkeypatch.setattr(web, "get", down)
     assert run_cli("refresh-compat", "--compat-file", refresh_args(tmp_path).compat_file) == 3
     err = capsys.readouterr().err
     assert "error: cannot read https://pypi.org/pypi/torch/json" in err and "Traceback" not in err

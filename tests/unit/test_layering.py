@@ -17,7 +17,6 @@ ALLOWED_STEP_EDGES = {
     ("build", "diff"): "a build over its size budget names the packages that grew, as builder diff shows them",
     ("build", "preflight"): "before BuildKit: committed files complete, every source reachable or mirrored",
     ("publish", "audit"): "publish --max-severity runs the same vulnerability audit before any push",
-    ("propose", "refresh"): "propose reads PyPI's project JSON the way refresh-compat does (same URL, errors, proxy)",
 }
 
 

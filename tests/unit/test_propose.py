@@ -9,9 +9,8 @@ import re
 
 import pytest
 
-from builder.boundary import web
+from builder.boundary import pypi, web
 from builder.model import matrix, proposal
-from builder.steps import refresh
 from tests.conftest import VALID_MATRIX, run_cli
 
 # The CI entry at torch 2.12 (compat.yaml knows 2.13, so a proposal for 2.13 passes every rule).
@@ -50,7 +49,7 @@ class FakePyPI:
 
     def __call__(self, url: str, **_kwargs) -> bytes:
         for name, data in self.projects.items():
-            if url == refresh.PYPI.format(name=name):
+            if url == pypi.JSON_URL.format(name=name):
                 return json.dumps(data).encode()
         raise web.Failed(url, "HTTP 404 Not Found", 404)
 
