@@ -1,5 +1,5 @@
 """preflight with the real probe, from this machine: every tag either passes or names what it cannot reach
-(exit 3) with the mirror flag. Here (no registry, no GitHub) only the CI entry, with its local base, passes."""
+(exit 3) with the mirror flag. Here (no registry, no GitHub) the CI entries pass, with their local bases."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ def image_exists(ref: str) -> bool:
 @pytest.mark.network
 @pytest.mark.docker
 def test_every_tag_passes_or_names_each_unreachable_source(require_docker):
+    """Every CI entry passes (`make docker` provided its base); any other entry passes too where its base happens
+    to be local here (a developer who built it), and otherwise names each source it cannot reach."""
     for entry in matrix.load(ROOT / "matrix.yaml").entries:
         inputs = Inputs(local_base=True)
         staged = context.stage(entry, inputs, root=ROOT / "build" / "context" / "preflight")
@@ -32,4 +34,4 @@ def test_every_tag_passes_or_names_each_unreachable_source(require_docker):
             for line in exc.message.splitlines():
                 assert line.startswith(f"{entry.tag}: cannot reach the ") and "provide a mirror with --" in line
             continue
-        assert entry.ci and all(c["ok"] for c in report["checked"])
+        assert all(c["ok"] for c in report["checked"]), (entry.tag, report["checked"])
