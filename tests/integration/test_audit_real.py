@@ -12,7 +12,7 @@ from spdx_tools.spdx.parser.jsonlikedict.json_like_dict_parser import JsonLikeDi
 from spdx_tools.spdx.validation.document_validator import validate_full_spdx_document
 
 from builder.boundary import engine, inspect
-from builder.model import attestations
+from builder.model import attestations, matrix
 from tests.conftest import ROOT, run_cli
 
 pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.usefixtures("require_docker")]
@@ -53,7 +53,8 @@ def test_each_ci_image_is_scannable_and_audited(build, expires, code, request, t
     debian = "debian-12" if "bookworm" in tag else "debian-13"
     assert all(f"distro={debian}" in p for p in purls if p.startswith("pkg:deb/"))
     python = [p for p in purls if p.startswith("pkg:pypi/")]
-    assert "pkg:pypi/torch@" + ("2.13.0" if "bookworm" in tag else "2.6.0") in python
+    torch = next(e for e in matrix.load(ROOT / "matrix.yaml").entries if e.tag == tag).pins["torch"]
+    assert f"pkg:pypi/torch@{torch}" in python  # the entry's own pin, whichever CUDA line CI builds
     assert verdict["python_packages"] == len(python)  # the audit covers what the SBOM lists
     assert set(verdict["not_audited"]) <= {f"{p['name']} {p['versionInfo']}" for p in sbom["packages"]}
     out = capsys.readouterr()
