@@ -11,6 +11,7 @@ Unit tests forbid real processes (tests/unit/conftest.py) and stub `run` or `pip
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import threading
 from collections.abc import Mapping, Sequence
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from builder import log
 from builder.errors import EnvironmentProblem, hide, mask
 
+NOT_RUNNABLE_HINT = "install it or put it on PATH (a setting may name it: BUILDER_DOCKER for docker)"
 KILL_WAIT_S = 10  # after a kill: how long the output of a process that left children behind is waited for
 
 
@@ -85,12 +87,44 @@ def pipe(argv: Sequence[str], *, env: Mapping[str, str] | None = None, secrets: 
 def _launch(argv: Sequence[str], secrets: Sequence[str], echo: bool, **popen) -> tuple[str, subprocess.Popen]:
     """The one Popen of builder/: echo the masked command line, start it, a missing program is exit 3."""
     argv = [os.fspath(a) for a in argv]
-    shown = log.echo_command(argv, secrets) if echo else log.command_line(argv, secrets)
-    try:
-        return shown, subprocess.Popen(argv, **popen)
-    except OSError as exc:
-        raise NotRunnable(f"cannot run {_brief(mask(argv[0], secrets))}: {exc.strerror or exc}",
-                          "install it or put it on PATH (a setting may name it: BUILDER_DOCKER for docker)") from None
+    with _ctrl_c_held() as pressed:
+        shown = log.echo_command(argv, secrets) if echo else log.command_line(argv, secrets)
+        try:
+            proc = subprocess.Popen(argv, **popen)
+        except OSError as exc:
+            raise NotRunnable(f"cannot run {_brief(mask(argv[0], secrets))}: {exc.strerror or exc}", NOT_RUNNABLE_HINT
+                              ) from None
+    if pressed:
+        try:
+            pressed[0](signal.SIGINT, None)  # the Ctrl-C that came while starting it, now that it can be stopped
+        except BaseException:
+            _stop(proc)
+            raise
+    return shown, proc
+
+
+class _ctrl_c_held:
+    """Hold Ctrl-C from the echo of a command line until its process exists and is handed back.
+
+    A SIGINT in that window (a user who presses Ctrl-C on seeing `+ docker build`, or a supervisor reacting to
+    the line) would raise inside Popen or before the caller's try: the child would run on unowned, and a
+    `docker build` left so finishes and moves the tag. Held, the signal is replayed once the caller can stop
+    the child. Only the main thread can set handlers, and an ignored SIGINT stays ignored."""
+
+    def __enter__(self) -> list:
+        self.pressed: list = []
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.getsignal(signal.SIGINT)
+            if callable(previous):
+                self.previous = signal.signal(signal.SIGINT, lambda *_: self.pressed.append(previous))
+        return self.pressed
+
+    def __exit__(self, exc_type, *_) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+        if exc_type is not None and self.pressed:  # nothing was started: the Ctrl-C wins over the failure
+            self.pressed[0](signal.SIGINT, None)
 
 
 def _follow(proc: subprocess.Popen, input: str | None, timeout: float | None,

@@ -60,6 +60,33 @@ def test_real_repository_check_from_a_subprocess():
 # --- a second process, a fresh interpreter, scripts that run inside images ---------------------------
 
 
+CHILD = """
+import sys, time
+from builder.boundary import process
+process.run([sys.executable, "-c", "import time; time.sleep(120)", sys.argv[1]], timeout=200, stream=True)
+"""
+
+
+def test_ctrl_c_on_the_echoed_command_line_leaves_no_child_behind():
+    """A user (or a supervisor) who presses Ctrl-C the moment `+ docker build …` is printed must not leave the
+    command running unowned: an orphaned `docker build` finishes and moves the tag. Twenty tries at that
+    instant, each followed by a look for the child."""
+    from tests.integration.images import default_sigint
+
+    for attempt in range(20):
+        marker = f"orphan-check-{os.getpid()}-{attempt}"
+        proc = subprocess.Popen([sys.executable, "-c", CHILD, marker], cwd=ROOT, stderr=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL, text=True, preexec_fn=default_sigint)
+        line = proc.stderr.readline()
+        assert line.startswith("+ ") and marker in line, line
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode in (-signal.SIGINT, 1, 130), err[-1500:]
+        assert "KeyboardInterrupt" in err, err[-1500:]
+        left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+        assert left == [], f"try {attempt}: the command outlived the Ctrl-C (pids {left})"
+
+
 def test_one_process_per_tag(project, capsys):
     """A second run on a tag that another process is working on stops with exit 3 and names the holder;
     when the holder dies, even by kill -9, the tag is free again."""
