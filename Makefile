@@ -68,11 +68,16 @@ lint: venv ## ruff, render --check, lock --check, hadolint (the check job runs e
 	$(PY) -m ruff check builder smoke tests bench && $(PY) -m builder render --check && $(PY) -m builder lock --check \
 	  && $(VENV)/bin/hadolint --failure-threshold $(HADOLINT_THRESHOLD) dockerfiles/*/Dockerfile
 
+# The unit tests share no state (no engine, no network, their own tmp dirs): pytest-xdist runs them on every
+# core the machine has, at most UNIT_WORKERS (CI's machine has 2). The rest share one Docker engine: serial.
+UNIT_WORKERS ?= 2
+
 unit: venv ## the unit tests only: no Docker engine, no network, under a minute
-	$(PY) -m pytest tests/unit $(PYTEST_FLAGS)
+	$(PY) -m pytest tests/unit -n $(UNIT_WORKERS) $(PYTEST_FLAGS)
 
 test: venv docker ## the whole suite: unit tests, the workflow harness, real Docker builds, registry, gate
-	$(PY) -m pytest tests/unit tests/workflow tests/integration $(PYTEST_FLAGS)
+	$(PY) -m pytest tests/unit -n $(UNIT_WORKERS) $(PYTEST_FLAGS)
+	$(PY) -m pytest tests/workflow tests/integration $(PYTEST_FLAGS)
 
 workflow: venv ## run the workflow's hosted jobs' steps here, per event (tests/workflow; no image builds)
 	$(PY) -m pytest tests/workflow $(PYTEST_FLAGS)
