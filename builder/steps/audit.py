@@ -82,25 +82,23 @@ def _assess(packages, rules: dict, max_severity: str | None, today: dt.date | No
     return {**verdict, "os": OS_NOT_AUDITED, "summary": audit.summary(verdict)}
 
 
-def _target(name: str, m) -> tuple[str, str | None]:
-    """(image reference, tag or None): a matrix tag names its local image; anything else is a reference."""
-    entry = next((e for e in m.entries if e.tag == name), None) if m is not None else None
-    if entry:
-        return paths.image_ref(entry), entry.tag
-    reference.check_image_name(name)
-    return name, None
+def _entry(name: str, m):
+    """The matrix entry a tag names, or None (then `name` is an image reference)."""
+    return next((e for e in m.entries if e.tag == name), None) if m is not None else None
 
 
 def _verdict(options: Options, m) -> tuple[dict, str | None]:
     """(verdict, the tag whose audit report it is, or None)."""
-    ref, tag = _target(options.target, m)
+    entry = _entry(options.target, m)
     if options.lock:
-        if tag is None:
+        if entry is None:
             raise UserError(f"audit --lock {options.target}: not a matrix tag", "give a tag of matrix.yaml")
-        entry = next(e for e in m.entries if e.tag == tag)
         subject, tag = str(paths.lock_dir(entry)), None  # build/reports/<tag>.audit.json stays the image's
         assess = functools.partial(audit_lock, entry)
     else:
+        if entry is None:
+            reference.check_image_name(options.target)
+        ref, tag = (paths.image_ref(entry), entry.tag) if entry else (options.target, None)
         engine.sdk()
         image = engine.image_or_none(ref)
         if image is None:
