@@ -351,11 +351,6 @@ def write(rendered: dict[str, dict[str, str]], out_dir: Path = OUT_DIR) -> list[
     return apply(rendered, None, prune=False, out_dir=out_dir)[0]
 
 
-def remove_extra(matrix: Matrix, out_dir: Path = OUT_DIR) -> list[Path]:
-    """Remove directories of tags the matrix no longer has (in one swap, like every render)."""
-    return apply({}, matrix, prune=True, out_dir=out_dir)[1]
-
-
 def extra_dirs(matrix: Matrix, out_dir: Path = OUT_DIR) -> list[Path]:
     if not out_dir.is_dir():
         return []
