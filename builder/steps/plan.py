@@ -7,11 +7,15 @@ re-lock and writes `build=true|false`, so only what moved is rebuilt, gated and 
 - pull_request, or tags named: every selected entry (a pull request publishes nothing; names are explicit).
 - push, schedule, workflow_dispatch without tags: only entries whose published alias was not built from
   exactly these inputs (its input-hash label); an alias that cannot be read counts as changed.
+- Entries gated on a GPU runner go to `gpu=` only where the repository says it has one (the variable
+  GPU_RUNNERS=true): a fork without self-hosted GPU runners would otherwise leave those jobs queued for a day.
+  Each one left out is named with how to enable it; it is neither built nor published there.
 The registry is read with the Docker config's credentials: the workflow runs `builder login` first.
 """
 
 from __future__ import annotations
 
+import argparse
 import errno
 import json
 import os
@@ -34,6 +38,7 @@ class Options:
     event: str = "push"
     registry: str | None = None
     github_output: str | None = None
+    gpu_runners: bool = False
 
 
 def add_arguments(p) -> None:
@@ -44,6 +49,10 @@ def add_arguments(p) -> None:
                    help="where aliases are published (default: $REGISTRY, else ghcr.io/<repository owner>)")
     p.add_argument("--github-output", metavar="PATH", default=os.environ.get("GITHUB_OUTPUT"),
                    help="append the outputs here (default: $GITHUB_OUTPUT; without it they are printed)")
+    p.add_argument("--gpu-runners", action=argparse.BooleanOptionalAction,
+                   default=os.environ.get("GPU_RUNNERS", "").strip().lower() == "true",
+                   help="this repository has self-hosted GPU runners: plan the GPU-gated entries "
+                        "(default: the repository variable GPU_RUNNERS is `true`)")
 
 
 def planned(m: matrix.Matrix, options: Options) -> list[matrix.Entry]:
@@ -73,8 +82,16 @@ def outputs(m: matrix.Matrix, entries: list[matrix.Entry], options: Options) -> 
         before = "" if options.event == "pull_request" else previous(matrix.select(m, options.tags)[0],
                                                                         options.registry or plan.default_registry())
         return {"build": "true" if entries else "false", "previous": before}
-    return {runner: json.dumps(plan.github_matrix([e for e in entries if plan.needs_gpu_gate(e) == (runner == "gpu")]),
-                               sort_keys=True) for runner in ("hosted", "gpu")}
+    hosted = [e for e in entries if not plan.needs_gpu_gate(e)]
+    gpu = [e for e in entries if plan.needs_gpu_gate(e)]
+    if gpu and not options.gpu_runners:
+        for e in gpu:
+            log.info(f"{e.tag}: gated on a GPU runner ({', '.join(e.runner)}), and this repository has none (the "
+                     "variable GPU_RUNNERS is not `true`): not built or published here; register such a runner "
+                     "and set GPU_RUNNERS=true (docs/publishing.md)")
+        gpu = []
+    return {"hosted": json.dumps(plan.github_matrix(hosted), sort_keys=True),
+            "gpu": json.dumps(plan.github_matrix(gpu), sort_keys=True)}
 
 
 def append(path: str, text: str) -> None:

@@ -54,6 +54,34 @@ def test_plan_writes_github_outputs_split_by_runner(project, tmp_path, run_cli):
     assert all("include" in json.loads(v) for v in found.values())
 
 
+@pytest.mark.parametrize("variable", ["", "false", "TRUE", "true"])
+def test_gpu_entries_are_planned_only_where_the_repository_has_gpu_runners(project, tmp_path, run_cli, variable):
+    """A fresh fork (no GPU_RUNNERS variable) gets no GPU job that would wait a day for a runner it lacks; each
+    entry left out is named. `--gpu-runners` / `--no-gpu-runners` override the variable."""
+    from builder.model import matrix
+
+    m = matrix.load(project / "matrix.yaml")
+    gpu = [e.tag for e in m.entries if plan_model.needs_gpu_gate(e)]
+    hosted = [e.tag for e in m.entries if not plan_model.needs_gpu_gate(e)]
+    assert gpu and hosted, "the project matrix has both kinds"
+    out = tmp_path / "out"
+    proc = run_cli("--matrix", str(project / "matrix.yaml"), "plan", "--event", "pull_request", "--github-output",
+                   str(out), env={"GPU_RUNNERS": variable})
+    assert proc.returncode == 0, proc.stderr
+    found = {k: [i["tag"] for i in json.loads(v)["include"]]
+             for k, v in (line.split("=", 1) for line in out.read_text().splitlines())}
+    enabled = variable.lower() == "true"
+    assert found == {"hosted": hosted, "gpu": gpu if enabled else []}
+    for tag in gpu:
+        assert (f"{tag}: gated on a GPU runner" in proc.stderr) is not enabled
+    flag = "--no-gpu-runners" if enabled else "--gpu-runners"
+    out.unlink()
+    proc = run_cli("--matrix", str(project / "matrix.yaml"), "plan", "--event", "pull_request", flag,
+                   "--github-output", str(out), env={"GPU_RUNNERS": variable})
+    flipped = json.loads(dict(line.split("=", 1) for line in out.read_text().splitlines())["gpu"])["include"]
+    assert [i["tag"] for i in flipped] == ([] if enabled else gpu)
+
+
 def test_default_registry_is_the_variable_else_the_owners_ghcr(monkeypatch):
     assert plan_model.default_registry({"REGISTRY": "reg.example/x", "GITHUB_REPOSITORY_OWNER": "A"}) == "reg.example/x"
     assert plan_model.default_registry({"GITHUB_REPOSITORY_OWNER": "AcMe"}) == "ghcr.io/acme"

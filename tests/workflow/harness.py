@@ -137,6 +137,7 @@ class Event:
     registry: str  # vars.REGISTRY: the local registry
     token: str  # secrets.GITHUB_TOKEN
     inputs: dict = field(default_factory=dict)
+    variables: dict = field(default_factory=dict)  # repository variables beside REGISTRY (none: a fresh fork)
 
     @property
     def ref(self) -> str:
@@ -236,7 +237,7 @@ class Runner:
         return {"github": {"event_name": self.event.name, "ref": self.event.ref, "actor": "ci",
                            "repository_owner": "acme", "workflow": self.workflow["name"],
                            "event": {"pull_request": {"number": 1} if self.event.name == "pull_request" else {}}},
-                "vars": {"REGISTRY": self.event.registry}, "secrets": {"GITHUB_TOKEN": self.event.token},
+                "vars": {"REGISTRY": self.event.registry, **self.event.variables}, "secrets": {"GITHUB_TOKEN": self.event.token},
                 "inputs": dict(self.event.inputs), "matrix": matrix, "needs": needs, "steps": steps,
                 "runner": {"environment": "harness", "temp": ""}}
 

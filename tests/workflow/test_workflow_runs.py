@@ -29,7 +29,10 @@ def runs(venv, local_registry, tmp_path_factory):
     def run(event: str) -> dict[str, harness.JobResult]:
         if event not in done:
             where = tmp_path_factory.mktemp(f"run-{event}")
-            ev = harness.Event(event, registry=f"{local_registry.host}/acme", token=TOKEN)
+            # The schedule runs as the upstream repository with its GPU runners; push and pull_request as a fresh
+            # fork that has none (no GPU_RUNNERS variable).
+            variables = {"GPU_RUNNERS": "true"} if event == "schedule" else {}
+            ev = harness.Event(event, registry=f"{local_registry.host}/acme", token=TOKEN, variables=variables)
             done[event] = harness.Runner(workflow, ev, where, venv).run(only=set(workflow["jobs"]) - {"check"})
         return done[event]
 
@@ -85,6 +88,16 @@ def test_push_logs_in_before_the_plan_reads_the_registry(runs):
     assert plan.ran().index("plan") > next(i for i, n in enumerate(plan.ran()) if n.startswith("login"))
     text = plan.log()
     assert "cannot read" not in text and "inputs changed: planned" in text, text[-3000:]
+    # A fork without GPU runners: no GPU job is queued for a runner that does not exist; each entry left out is
+    # named with how to enable it, and the hosted entries are planned as always.
+    from builder.model import matrix
+
+    m = matrix.load(ROOT / "matrix.yaml")
+    assert planned_tags(plan.outputs, "gpu") == []
+    assert planned_tags(plan.outputs, "hosted") == [e.tag for e in m.entries if "gpu" not in e.runner]
+    for e in m.entries:
+        if "gpu" in e.runner:
+            assert f"{e.tag}: gated on a GPU runner" in text and "set GPU_RUNNERS=true" in text, text[-3000:]
     image = runs("push")["hosted-image"]
     moved = next(s for s in image.steps if s.name.startswith("moved"))
     assert "build=true" in moved.output and "previous=\n" in moved.output  # nothing published yet
