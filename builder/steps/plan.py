@@ -15,7 +15,6 @@ The registry is read with the Docker config's credentials: the workflow runs `bu
 
 from __future__ import annotations
 
-import argparse
 import errno
 import json
 import os
@@ -49,10 +48,12 @@ def add_arguments(p) -> None:
                    help="where aliases are published (default: $REGISTRY, else ghcr.io/<repository owner>)")
     p.add_argument("--github-output", metavar="PATH", default=os.environ.get("GITHUB_OUTPUT"),
                    help="append the outputs here (default: $GITHUB_OUTPUT; without it they are printed)")
-    p.add_argument("--gpu-runners", action=argparse.BooleanOptionalAction,
+    p.add_argument("--gpu-runners", action="store_true",
                    default=os.environ.get("GPU_RUNNERS", "").strip().lower() == "true",
                    help="this repository has self-hosted GPU runners: plan the GPU-gated entries "
                         "(default: the repository variable GPU_RUNNERS is `true`)")
+    p.add_argument("--no-gpu-runners", dest="gpu_runners", action="store_false",
+                   help="leave the GPU-gated entries out whatever GPU_RUNNERS says")
 
 
 def planned(m: matrix.Matrix, options: Options) -> list[matrix.Entry]:
