@@ -12,11 +12,13 @@ import dataclasses
 import functools
 import importlib
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from builder import fsutil, log, runner
-from builder.errors import BuilderError
+from builder.errors import BuilderError, Terminated
 from builder.model import compat, matrix
 from builder.model.inputs import Inputs
 from builder.steps import STEPS, TOOLS, VERBS
@@ -90,8 +92,24 @@ def _matrix(args) -> matrix.Matrix | None:
     return matrix.load(Path(args.matrix)) if args.needs_matrix else None
 
 
+def _terminate(signum, frame):
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # SIGTERM's default ends the process at once: a `docker build` it started would run on unowned and move the
+    # tag when it finishes. Raised instead, it takes the Ctrl-C path (children stopped, exit 143).
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
+    try:
+        return _run(args)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args) -> int:
     try:
         return args.handler(args, _matrix(args))
     except BuilderError as exc:
@@ -105,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
         problem = fsutil.write_failed(exc.filename, exc)
         _print_error(problem)
         return problem.exit_code
+    except Terminated:
+        print("terminated", file=sys.stderr)
+        return Terminated.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return runner.INTERRUPTED

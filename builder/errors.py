@@ -89,3 +89,10 @@ class StepFailed(BuilderError):
     """A pipeline step ran and failed (build error, failed gate, refused publish)."""
 
     exit_code = 1
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a CI runner cancelling, Kubernetes stopping a pod): stopped as for Ctrl-C, through the same
+    cleanup (children stopped, nothing half-written), but exit 143 (128 + SIGTERM) instead of 130."""
+
+    exit_code = 143

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from builder import fsutil, log
-from builder.errors import BuilderError, EnvironmentProblem, UserError
+from builder.errors import BuilderError, EnvironmentProblem, Terminated, UserError
 from builder.model.matrix import Entry
 from builder.steps import Done
 
@@ -46,8 +46,9 @@ def run(step: str, entries: Sequence[Entry], fn: Callable[[Entry], Done], lock: 
                 done = fn(entry)
                 note["result"] = done.result
             outcomes.append(Outcome(entry.tag, done.result, time.monotonic() - started, done.detail))
-        except KeyboardInterrupt:
-            outcomes.append(Outcome(entry.tag, "interrupted", time.monotonic() - started))
+        except KeyboardInterrupt as exc:
+            outcomes.append(Outcome(entry.tag, "terminated" if isinstance(exc, Terminated) else "interrupted",
+                                    time.monotonic() - started))
             outcomes += [Outcome(e.tag, "not run", 0.0) for e in entries[index + 1:]]
             break
         except (BuilderError, OSError) as exc:
@@ -66,6 +67,8 @@ def run(step: str, entries: Sequence[Entry], fn: Callable[[Entry], Done], lock: 
 def exit_code(outcomes: Sequence[Outcome]) -> int:
     """0 when all ok; 130 when interrupted; else the most actionable failure kind: bad input (2) before a
     missing machine facility (3) before a failed step (1)."""
+    if any(o.result == "terminated" for o in outcomes):
+        return Terminated.exit_code
     if any(o.result == "interrupted" for o in outcomes):
         return INTERRUPTED
     errors = [o.error for o in outcomes if o.error is not None]

@@ -96,7 +96,8 @@ def _launch(argv: Sequence[str], secrets: Sequence[str], echo: bool, **popen) ->
                               ) from None
     if pressed:
         try:
-            pressed[0](signal.SIGINT, None)  # the Ctrl-C that came while starting it, now that it can be stopped
+            handler, sig = pressed[0]
+            handler(sig, None)  # the Ctrl-C (or SIGTERM) that came while starting it, now that it can be stopped
         except BaseException:
             _stop(proc)
             raise
@@ -104,27 +105,31 @@ def _launch(argv: Sequence[str], secrets: Sequence[str], echo: bool, **popen) ->
 
 
 class _ctrl_c_held:
-    """Hold Ctrl-C from the echo of a command line until its process exists and is handed back.
+    """Hold Ctrl-C (and SIGTERM) from the echo of a command line until its process exists and is handed back.
 
     A SIGINT in that window (a user who presses Ctrl-C on seeing `+ docker build`, or a supervisor reacting to
     the line) would raise inside Popen or before the caller's try: the child would run on unowned, and a
     `docker build` left so finishes and moves the tag. Held, the signal is replayed once the caller can stop
     the child. Only the main thread can set handlers, and an ignored SIGINT stays ignored."""
 
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
     def __enter__(self) -> list:
         self.pressed: list = []
-        self.previous = None
+        self.previous: dict = {}
         if threading.current_thread() is threading.main_thread():
-            previous = signal.getsignal(signal.SIGINT)
-            if callable(previous):
-                self.previous = signal.signal(signal.SIGINT, lambda *_: self.pressed.append(previous))
+            for sig in self.SIGNALS:
+                handler = signal.getsignal(sig)
+                if callable(handler):
+                    self.previous[sig] = signal.signal(sig, lambda s, _f, h=handler: self.pressed.append((h, s)))
         return self.pressed
 
     def __exit__(self, exc_type, *_) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
-        if exc_type is not None and self.pressed:  # nothing was started: the Ctrl-C wins over the failure
-            self.pressed[0](signal.SIGINT, None)
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        if exc_type is not None and self.pressed:  # nothing was started: the signal wins over the failure
+            handler, sig = self.pressed[0]
+            handler(sig, None)
 
 
 def _follow(proc: subprocess.Popen, input: str | None, timeout: float | None,

@@ -42,6 +42,23 @@ def test_ctrl_c_stops_at_once_and_says_what_did_not_run(entries):
     assert runner.exit_code(outcomes) == 130
 
 
+def test_sigterm_stops_like_ctrl_c_with_exit_143(entries, monkeypatch, capsys):
+    """A cancelled CI job or a stopped pod (SIGTERM) takes the Ctrl-C path: nothing more runs, the summary says
+    so, and `python -m builder` exits 143 (128 + SIGTERM), through the handler the CLI installs."""
+    from builder import cli
+    from builder.errors import Terminated
+
+    def step(entry):
+        cli._terminate(15, None)
+
+    outcomes = runner.run("publish", entries, step)
+    assert [o.result for o in outcomes] == ["terminated", "not run"]
+    assert runner.exit_code(outcomes) == 143
+    monkeypatch.setattr(cli, "_matrix", lambda args: (_ for _ in ()).throw(Terminated()))
+    assert cli.main(["validate"]) == 143
+    assert capsys.readouterr().err.strip().endswith("terminated")
+
+
 @pytest.mark.parametrize("errors, code", [
     ([StepFailed("x")], 1),
     ([EnvironmentProblem("x"), StepFailed("y")], 3),
