@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(args)
     finally:
-        if main_thread:
+        if main_thread and previous is not None:  # None: a handler set outside Python, left as it was found
             signal.signal(signal.SIGTERM, previous)
 
 
