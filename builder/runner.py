@@ -65,8 +65,8 @@ def run(step: str, entries: Sequence[Entry], fn: Callable[[Entry], Done], lock: 
 
 
 def exit_code(outcomes: Sequence[Outcome]) -> int:
-    """0 when all ok; 130 when interrupted; else the most actionable failure kind: bad input (2) before a
-    missing machine facility (3) before a failed step (1)."""
+    """0 when all ok; 143 when terminated (SIGTERM); 130 when interrupted; else the most actionable failure
+    kind: bad input (2) before a missing machine facility (3) before a failed step (1)."""
     if any(o.result == "terminated" for o in outcomes):
         return Terminated.exit_code
     if any(o.result == "interrupted" for o in outcomes):

@@ -87,7 +87,7 @@ def pipe(argv: Sequence[str], *, env: Mapping[str, str] | None = None, secrets: 
 def _launch(argv: Sequence[str], secrets: Sequence[str], echo: bool, **popen) -> tuple[str, subprocess.Popen]:
     """The one Popen of builder/: echo the masked command line, start it, a missing program is exit 3."""
     argv = [os.fspath(a) for a in argv]
-    with _ctrl_c_held() as pressed:
+    with _signals_held() as pressed:
         shown = log.echo_command(argv, secrets) if echo else log.command_line(argv, secrets)
         try:
             proc = subprocess.Popen(argv, **popen)
@@ -104,13 +104,13 @@ def _launch(argv: Sequence[str], secrets: Sequence[str], echo: bool, **popen) ->
     return shown, proc
 
 
-class _ctrl_c_held:
+class _signals_held:
     """Hold Ctrl-C (and SIGTERM) from the echo of a command line until its process exists and is handed back.
 
-    A SIGINT in that window (a user who presses Ctrl-C on seeing `+ docker build`, or a supervisor reacting to
-    the line) would raise inside Popen or before the caller's try: the child would run on unowned, and a
+    A SIGINT or SIGTERM in that window (a user who presses Ctrl-C on seeing `+ docker build`, a runner cancelling
+    the job) would raise inside Popen or before the caller's try: the child would run on unowned, and a
     `docker build` left so finishes and moves the tag. Held, the signal is replayed once the caller can stop
-    the child. Only the main thread can set handlers, and an ignored SIGINT stays ignored."""
+    the child. Only the main thread can set handlers, and an ignored signal stays ignored."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 

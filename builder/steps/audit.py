@@ -98,7 +98,9 @@ def _verdict(options: Options, m) -> tuple[dict, str | None]:
     else:
         if entry is None:
             reference.check_image_name(options.target)
-        ref, tag = (paths.image_ref(entry), entry.tag) if entry else (options.target, None)
+            ref, tag = options.target, None
+        else:
+            ref, tag = paths.image_ref(entry), entry.tag
         engine.sdk()
         image = engine.image_or_none(ref)
         if image is None:

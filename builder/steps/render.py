@@ -10,13 +10,11 @@ fresh render (stale or extra files, extra directories).
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
 import shutil
 import signal
-import threading
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -24,7 +22,7 @@ from pathlib import Path
 import jinja2
 
 from builder import fsutil, log
-from builder.errors import BuilderError, EnvironmentProblem, UserError
+from builder.errors import EnvironmentProblem, UserError
 from builder.model import compat, paths
 from builder.model.matrix import TAG_RE, Entry, Matrix, select
 
@@ -107,12 +105,6 @@ def render_all(entries: list[Entry]) -> dict[str, dict[str, str]]:
 
 
 # --- writing the tree: staged beside dockerfiles/, then swapped in ------------------------------------
-
-
-class Interrupted(BuilderError):
-    """SIGTERM during a render: the staging tree is removed, the old tree stays."""
-
-    exit_code = 143
 
 
 def staging_dir(out_dir: Path) -> Path:
@@ -296,24 +288,6 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(b))
 
 
-@contextlib.contextmanager
-def _terminate_as_error():
-    """SIGTERM raises Interrupted (SIGINT already raises KeyboardInterrupt), so cleanup code runs."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        raise Interrupted(f"render interrupted by signal {signum}; {OUT_DIR}/ was left as it was",
-                          "run `python -m builder render` again")
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def apply(rendered: dict[str, dict[str, str]], matrix: Matrix | None = None, prune: bool = False,
           out_dir: Path = OUT_DIR) -> tuple[list[Path], list[Path]]:
     """Make out_dir hold `rendered` (and, with prune, only the matrix's tags): all of it or none of it.
@@ -324,7 +298,7 @@ def apply(rendered: dict[str, dict[str, str]], matrix: Matrix | None = None, pru
     keep = {e.tag for e in matrix.entries} if prune and matrix is not None else None
     staging = staging_dir(out_dir)
     try:
-        with fsutil.tree_lock(out_dir, on_wait=log.info), _terminate_as_error():
+        with fsutil.tree_lock(out_dir, on_wait=log.info):
             for note in recover(out_dir):
                 log.info(f"render: {note}")
             _refuse_links(out_dir)
