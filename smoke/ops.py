@@ -129,12 +129,12 @@ def inventory(ops):
     return result
 
 
-def problems(ops, arch_list, inv):
+def problems(ops, arch_list, inv, accelerator="cuda"):
     """Everything wrong with the built ops; empty when the image has what it claims."""
     found = []
-    if inv["accelerator"] != "cuda":
-        found.append(f"ops were built for accelerator {inv['accelerator']!r}, not 'cuda': DeepSpeed ignores them on "
-                     "GPUs and JIT-builds (build with DS_ACCELERATOR=cuda)")
+    if inv["accelerator"] != accelerator:
+        found.append(f"ops were built for accelerator {inv['accelerator']!r}, not {accelerator!r}: DeepSpeed ignores "
+                     f"them under that accelerator and JIT-builds (build with DS_ACCELERATOR={accelerator})")
     want = parse_arch_list(arch_list) if arch_list else None
     for op in ops:
         got = inv["ops"][op["name"]]
@@ -163,7 +163,8 @@ def load(ops):
 def verify(args):
     ops = json.loads(args.ops)
     inv = inventory(ops)
-    found = problems(ops, args.arch_list, inv) + load([o for o in ops if inv["ops"][o["name"]]["file"]])
+    found = problems(ops, args.arch_list, inv, args.accelerator)
+    found += load([o for o in ops if inv["ops"][o["name"]]["file"]])
     for op in ops:
         path = inv["ops"][op["name"]]["file"]
         if path and not op.get("cuda"):
@@ -191,10 +192,11 @@ def probe(ops):
     optimizers do (get_accelerator().create_op_builder(NAME).load()). Prints JSON per op."""
     out = {}
     try:
+        import deepspeed
         from deepspeed.accelerator import get_accelerator
-        from deepspeed.git_version_info import installed_ops
+        from deepspeed.git_version_info import accelerator_name, installed_ops
         acc = get_accelerator()
-        out["_accelerator"] = acc._name
+        out.update(_accelerator=acc._name, _built_for=accelerator_name, _package=os.path.dirname(deepspeed.__file__))
     except Exception as e:  # noqa: BLE001
         print(json.dumps({"_error": f"{type(e).__name__}: {e}"}))
         return 1
@@ -242,24 +244,10 @@ def run(res, facts, mode):
         return
     ops = [{"name": n, "builder": spec.get("builders", {}).get(n), "module": spec.get("modules", {}).get(n),
             "cuda": n in spec.get("cuda_ops", [])} for n in names]
-    env = {k: v for k, v in os.environ.items() if k not in ("CC", "CXX", "CUDA_HOME", "CUDA_PATH")}
-    env.update(DS_ACCELERATOR="cuda", PATH=_no_compiler_path(), TORCH_EXTENSIONS_DIR="/nonexistent-smoke")
-    if mode == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env = _probe_env("cuda", mode)
     from smoke import signatures
-    p = subprocess.run([sys.executable, "-m", "smoke.ops", "probe", "--ops", json.dumps(ops)], env=env,
-                       capture_output=True, text=True, timeout=300)
-    try:
-        got = json.loads(p.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        res.add("op probe ran", False, f"exit {p.returncode}: {p.stderr.strip()[-800:]}")
-        res.diagnose(p.stderr)
-        return
-    if "_error" in got:
-        res.add("deepspeed imports under DS_ACCELERATOR=cuda", False, got["_error"])
-        res.diagnose(got["_error"])
+    got = _probe(res, env, ops)
+    if got is None:
         return
     res.figures["accelerator"] = got.get("_accelerator")
     res.figures["compiler_on_path"] = False
@@ -303,6 +291,63 @@ def run(res, facts, mode):
     res.figures["ds_report"] = ds_report(env)
     res.summary = ", ".join(f"{n} " + (f"prebuilt [{', '.join(v['archs']) or 'cpu'}]" if v["prebuilt"]
                                        else "NOT prebuilt") for n, v in inv.items())
+    if spec.get("cpu_accelerator"):
+        cpu_accelerator(res, spec["cpu_accelerator"], mode)
+
+
+def _probe_env(accelerator, mode):
+    """The probe's environment: the given DeepSpeed accelerator, no compiler on PATH, no extensions dir."""
+    env = {k: v for k, v in os.environ.items() if k not in ("CC", "CXX", "CUDA_HOME", "CUDA_PATH")}
+    env.update(DS_ACCELERATOR=accelerator, PATH=_no_compiler_path(), TORCH_EXTENSIONS_DIR="/nonexistent-smoke")
+    if mode == "cpu" or accelerator == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _probe(res, env, ops):
+    """Run `probe` in a child with `env`: its JSON, or None after recording why it did not run."""
+    p = subprocess.run([sys.executable, "-m", "smoke.ops", "probe", "--ops", json.dumps(ops)], env=env,
+                       capture_output=True, text=True, timeout=300)
+    try:
+        got = json.loads(p.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        res.add(f"op probe ran (DS_ACCELERATOR={env['DS_ACCELERATOR']})", False,
+                f"exit {p.returncode}: {p.stderr.strip()[-800:]}")
+        res.diagnose(p.stderr)
+        return None
+    if "_error" in got:
+        res.add(f"deepspeed imports under DS_ACCELERATOR={env['DS_ACCELERATOR']}", False, got["_error"])
+        res.diagnose(got["_error"])
+        return None
+    return got
+
+
+def cpu_accelerator(res, spec, mode):
+    """DeepSpeed's CPU-accelerator ops (what a GPU-less host and the CPU gate load) are prebuilt: under
+    DS_ACCELERATOR=cpu, with no compiler on PATH, DeepSpeed resolves to the CPU build in spec["dir"] and loads
+    each op from there, never through a JIT build."""
+    ops = [{"name": n, "builder": b, "module": spec["modules"][n], "cuda": False} for n, b in spec["builders"].items()]
+    got = _probe(res, _probe_env("cpu", mode), ops)
+    if got is None:
+        return
+    where, built_for = got.get("_package") or "", got.get("_built_for")
+    res.add("DS_ACCELERATOR=cpu finds DeepSpeed's CPU build", where.startswith(spec["dir"] + os.sep) and
+            built_for == "cpu", f"deepspeed from {where}, built for {built_for!r} (expected {spec['dir']}, 'cpu')")
+    inv = {}
+    for op in ops:
+        r = got[op["name"]]
+        from_dir = (r.get("module") or "").startswith(spec["dir"] + os.sep)
+        inv[op["name"]] = {"prebuilt": r["prebuilt"], "loaded": r.get("loaded"), "module": r.get("module")}
+        res.add(f"{op['name']} (CPU accelerator) loads prebuilt with no build step",
+                bool(r["prebuilt"] and r.get("loaded") and from_dir),
+                r.get("module") if r.get("loaded") else r.get("error", "not loaded"))
+        if not r.get("loaded"):
+            res.diagnose(r.get("error", ""))
+    res.figures["cpu_accelerator_ops"] = inv
+    res.summary += "; CPU accelerator: " + ", ".join(
+        f"{n} {'prebuilt' if v['prebuilt'] and v['loaded'] else 'NOT prebuilt'}" for n, v in inv.items())
 
 
 def main(argv=None):
@@ -310,6 +355,7 @@ def main(argv=None):
     sub = p.add_subparsers(dest="cmd", required=True)
     v = sub.add_parser("verify", help="fail unless every op is prebuilt, loads and has the asked GPU archs")
     v.add_argument("--ops", required=True, help='JSON list of {"name", "module", "cuda"}')
+    v.add_argument("--accelerator", default="cuda", help="the DS_ACCELERATOR the wheel was built for")
     v.add_argument("--arch-list", default="", help="the TORCH_CUDA_ARCH_LIST the ops were built with")
     v.add_argument("--cpu-target", default="")
     v.add_argument("--nvcc", default="")

@@ -3,8 +3,9 @@
 Runs what users run, nothing in DeepSpeed patched: DeepSpeed's default optimizer config
 ({"type": "AdamW"}: FusedAdam on GPU, DeepSpeed's C++ FusedAdam on the CPU accelerator), then the same job
 with ZeRO-3 CPU offload (offload_optimizer: {device: cpu}: DeepSpeedCPUAdam). On CPU the accelerator's own
-ops (shm_comm, the CPU Adam kernels) are JIT-built by DeepSpeed as for any user, so g++, ninja and the
-Python headers must be in the image. Proves the stack composes: transformers builds a model from a config
+ops (shm_comm, the CPU Adam kernels) come prebuilt from the image's CPU-accelerator DeepSpeed build where the
+facts say so, and the check fails if anything was JIT-built; older images JIT-build them as for any user.
+Proves the stack composes: transformers builds a model from a config
 (no download), peft wraps it, DeepSpeed partitions it (stage3_param_persistence_threshold 0 so even tiny
 params are partitioned), trains N steps on a fixed batch, saves and reloads a checkpoint. Then the job most
 users run (smoke.train_trainer): transformers' Trainer with a DeepSpeed ZeRO-3 config + LoRA, a checkpoint, a
@@ -60,14 +61,27 @@ def run(res, facts, mode, n_gpus, out_dir, steps, timeout):
     n = n_gpus if mode == "gpu" else 2
     res.figures["ranks"] = n
     started = time.monotonic()
+    # An image with DeepSpeed's CPU-accelerator ops prebuilt (facts ops.cpu_accelerator) must compile nothing on
+    # CPU: the jobs get an empty torch-extensions directory of their own, which must stay empty. Without them
+    # DeepSpeed JIT-builds shm_comm and its Adam kernels, so the image needs its toolchain (said in figures).
+    prebuilt = mode == "cpu" and bool((facts.get("ops") or {}).get("cpu_accelerator"))
+    extensions = tempfile.mkdtemp(prefix="smoke-torch-ext-") if prebuilt else None
     if mode == "cpu":
-        # DeepSpeed's CPU accelerator JIT-builds shm_comm and its Adam kernels: a toolchain is part of the image.
         path = launch.base_env(mode).get("PATH")
         res.figures["cxx"], res.figures["ninja"] = compiler_on_path(path), shutil.which("ninja", path=path)
-    for variant in VARIANTS:
-        left = timeout - (time.monotonic() - started)
-        run_variant(res, mode, n, out_dir, steps, max(30.0, left), variant)
-    run_trainer(res, mode, n, out_dir, steps, lambda: max(30.0, timeout - (time.monotonic() - started)))
+    try:
+        for variant in VARIANTS:
+            left = timeout - (time.monotonic() - started)
+            run_variant(res, mode, n, out_dir, steps, max(30.0, left), variant, extensions)
+        run_trainer(res, mode, n, out_dir, steps, lambda: max(30.0, timeout - (time.monotonic() - started)),
+                    extensions)
+        if extensions:
+            built = sorted(os.listdir(extensions))
+            res.add("nothing compiled at run time (DeepSpeed's CPU-accelerator ops prebuilt)", not built,
+                    f"JIT-built into TORCH_EXTENSIONS_DIR: {', '.join(built)}" if built else "no JIT build")
+    finally:
+        if extensions:
+            shutil.rmtree(extensions, ignore_errors=True)
     res.figures["wall_seconds"] = round(time.monotonic() - started, 2)
     summarise(res, n)
 
@@ -87,29 +101,32 @@ def summarise(res, n):
         res.summary = f"{n} ranks {f.get('dtype')}: " + "; ".join(parts)
 
 
-def job_env(mode, n, steps, ckpt, variant):
+def job_env(mode, n, steps, ckpt, variant, extensions=None):
     env = launch.base_env(mode)
     env.update(SMOKE_MODE=mode, SMOKE_STEPS=str(steps), SMOKE_CKPT_DIR=ckpt, SMOKE_VARIANT=variant)
+    if extensions:
+        env["TORCH_EXTENSIONS_DIR"] = extensions
     if mode == "cpu":
         # Two ranks share the cores; oversubscribed OpenMP threads make gloo crawl.
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) // n)))
     return env
 
 
-def run_variant(res, mode, n, out_dir, steps, timeout, variant):
+def run_variant(res, mode, n, out_dir, steps, timeout, variant, extensions=None):
     ckpt = tempfile.mkdtemp(prefix="smoke-ckpt-")
     try:
-        run_rank_job(res, "smoke.train", n, out_dir, variant, timeout, job_env(mode, n, steps, ckpt, variant))
+        run_rank_job(res, "smoke.train", n, out_dir, variant, timeout,
+                     job_env(mode, n, steps, ckpt, variant, extensions))
     finally:
         shutil.rmtree(ckpt, ignore_errors=True)
 
 
-def run_trainer(res, mode, n, out_dir, steps, time_left):
+def run_trainer(res, mode, n, out_dir, steps, time_left, extensions=None):
     """The Trainer job's two runs over one output directory; the resume runs only after a good first run."""
     ckpt = tempfile.mkdtemp(prefix="smoke-trainer-")
     try:
         for phase in TRAINER_PHASES:
-            env = dict(job_env(mode, n, steps, ckpt, "trainer"), SMOKE_TRAINER_PHASE=phase)
+            env = dict(job_env(mode, n, steps, ckpt, "trainer", extensions), SMOKE_TRAINER_PHASE=phase)
             if not run_rank_job(res, "smoke.train_trainer", n, out_dir, f"trainer-{phase}", time_left(), env):
                 break
     finally:

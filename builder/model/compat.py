@@ -281,6 +281,16 @@ def derivations(entry: Entry) -> list[tuple[str, str, str, str]]:
     return out
 
 
+def cpu_accelerator(entry: Entry) -> dict | None:
+    """DeepSpeed's CPU-accelerator ops the image prebuilds (a second wheel, compat.yaml toolchain.cpu_accelerator),
+    or None where the entry's DeepSpeed predates the checked builders (those keep DeepSpeed's JIT path)."""
+    cpu = rules()["toolchain"].get("cpu_accelerator")
+    pinned = entry.pins.get("deepspeed")
+    if not cpu or not pinned or Version(pinned) < Version(cpu["min_deepspeed"]):
+        return None
+    return cpu
+
+
 def toolchain(entry: Entry) -> dict:
     """What the Dockerfile's ops stage needs: ops, arch list, nvcc source, CPU target, container env."""
     import json
@@ -304,10 +314,14 @@ def toolchain(entry: Entry) -> dict:
         size = "$(du -sb /usr/local/cuda | cut -f1)"
     ops = t["ops"]
     on_nvidia_base = entry.base_name.startswith("nvidia/cuda:")
+    cpu = cpu_accelerator(entry)
     return {
         "ops": ops,
         "ops_json": json.dumps([{"name": o["name"], "module": o["module"], "cuda": o["cuda"]} for o in ops],
                                separators=(",", ":")),
+        "cpu_accelerator": cpu,
+        "cpu_ops_json": json.dumps([{"name": o["name"], "module": o["module"], "cuda": False} for o in cpu["ops"]],
+                                   separators=(",", ":")) if cpu else "",
         "arch_list": entry.cuda_archs or t["cuda_archs"][entry.cuda]["default"],
         "gpus": list(claimed_gpus(entry)),
         "nvcc": nvcc,

@@ -70,7 +70,12 @@ def facts(entry: Entry) -> dict:
                 "modules": {o["name"]: o["module"] for o in tc["ops"]},
                 "builders": {o["name"]: o["builder"] for o in tc["ops"]},
                 "cuda_ops": [o["name"] for o in tc["ops"] if o["cuda"]], "cpu_target": tc["cpu_target"]["march"],
-                "nvcc": tc["nvcc"]["kind"]},
+                "nvcc": tc["nvcc"]["kind"],
+                # DeepSpeed's CPU-accelerator ops, prebuilt in their own wheel (compat.cpu_accelerator); None: JIT.
+                "cpu_accelerator": {"dir": tc["cpu_accelerator"]["dir"],
+                                    "modules": {o["name"]: o["module"] for o in tc["cpu_accelerator"]["ops"]},
+                                    "builders": {o["name"]: o["builder"] for o in tc["cpu_accelerator"]["ops"]}}
+                if tc["cpu_accelerator"] else None},
         "gpu_capability": {g: compat.rules()["toolchain"]["gpus"]["capability"][g] for g in tc["gpus"]},
         "nvcc_in_image": tc["nvcc_in_image"],
         "index_url": entry.index_url,

@@ -38,6 +38,11 @@ def assert_ops_prebuilt(report: dict, tag: str) -> None:
     # ds_report, DeepSpeed's own inventory, says the same.
     assert report["figures"]["ds_report"]["fused_adam"].startswith("YES")
     assert report["figures"]["ds_report"]["cpu_adam"].startswith("YES")
+    # DeepSpeed's CPU-accelerator ops: from the image's CPU build, prebuilt, loaded with no compiler.
+    cpu = facts(tag)["ops"]["cpu_accelerator"]
+    got = report["figures"]["cpu_accelerator_ops"]
+    assert set(got) == set(cpu["modules"]) == {"fused_adam", "cpu_adam", "deepspeed_shm_comm"}
+    assert all(op["prebuilt"] and op["loaded"] and op["module"].startswith(cpu["dir"] + "/") for op in got.values())
 
 
 def test_cuda13_ops_are_prebuilt_and_load_without_a_compiler(ci_build, tmp_path):
@@ -71,6 +76,21 @@ def test_ops_not_prebuilt_is_caught(ci_build, tmp_path):
     assert "fused_adam prebuilt: not prebuilt into the image" in text
     assert "cpu_adam prebuilt: not prebuilt into the image" in text
     assert any(d.startswith("op_not_prebuilt") for d in report["diagnosis"])
+
+
+def test_cpu_accelerator_build_not_found_is_caught(ci_build, tmp_path):
+    """Without the .pth that puts the CPU build first under DS_ACCELERATOR=cpu, DeepSpeed's CPU accelerator would
+    JIT-build its ops: the ops check names the missing build, and each op, instead of passing."""
+    py = facts(CI_TAG)["python"]
+    ref = derived_image("no-cpu-accelerator-pth", IMAGE,
+                        [f"rm /opt/venv/lib/python{py}/site-packages/train-image-deepspeed-cpu.pth"], tmp_path)
+    report = one_check(ref, "ops", tmp_path)
+    assert not report["passed"]
+    failed = [i["name"] for i in report["items"] if i["ok"] is False]
+    assert "DS_ACCELERATOR=cpu finds DeepSpeed's CPU build" in failed
+    assert "fused_adam (CPU accelerator) loads prebuilt with no build step" in failed
+    # The CUDA side is untouched and still passes.
+    assert all(i["ok"] for i in report["items"] if "CPU accelerator" not in i["name"] and "CPU build" not in i["name"])
 
 
 def test_python_headers_missing_is_caught(ci_build, tmp_path):

@@ -154,6 +154,23 @@ RUN pip install -q --no-cache-dir --no-deps --no-index /opt/ops/wheel/deepspeed-
          --cpu-target "-march=x86-64-v3 -D__AVX256__" \
          --nvcc "$(/opt/venv/lib/python3.11/site-packages/nvidia/cu13/bin/nvcc --version | grep -o 'release [0-9.]*' | cut -d' ' -f2)" \
          --nvcc-bytes "$(( $(du -sb /opt/venv/lib/python3.11/site-packages/nvidia/cu13 | cut -f1) - $(cat /opt/ops/cuda-home-bytes) ))" --out /opt/ops/wheel/ops.json > /dev/null
+# DeepSpeed's CPU accelerator (DS_ACCELERATOR=cpu) loads a prebuilt op only from a wheel built for it, and its op
+# modules carry the CUDA ops' names: a second wheel from the same sdist, built in a fresh copy of the source (the
+# CUDA build's objects must not be reused) through the same compiler wrapper, and checked the same way.
+RUN mkdir -p /opt/ops/src-cpu /opt/ops/wheel-cpu \
+    && tar -xzf /opt/ops/sdist/deepspeed-0.19.8.tar.gz -C /opt/ops/src-cpu \
+    && : > /opt/ops/cc.log \
+    && if ! DS_ACCELERATOR=cpu DS_BUILD_FUSED_ADAM=1 DS_BUILD_CPU_ADAM=1 DS_BUILD_SHM_COMM=1 DS_BUILD_OPS=0 \
+         pip wheel -v --no-cache-dir --no-deps --no-build-isolation --no-index -w /opt/ops/wheel-cpu \
+         /opt/ops/src-cpu/deepspeed-0.19.8 > /tmp/ds-cpu-build.log 2>&1; \
+       then tail -60 /tmp/ds-cpu-build.log; exit 1; fi \
+    && if grep -- '-march=native' /opt/ops/cc.log || ! grep -q -- '-march=x86-64-v3' /opt/ops/cc.log; then \
+         echo "the CPU-accelerator ops were not compiled through /opt/ops/bin/cc with -march=x86-64-v3" >&2; exit 1; fi \
+    && pip install -q --no-cache-dir --no-deps --no-index --target /tmp/cpu-site /opt/ops/wheel-cpu/deepspeed-*.whl \
+    && DS_ACCELERATOR=cpu PYTHONPATH=/tmp/cpu-site python /opt/ops/ops.py verify --accelerator cpu \
+         --ops '[{"name":"fused_adam","module":"deepspeed.ops.adam.fused_adam_op","cuda":false},{"name":"cpu_adam","module":"deepspeed.ops.adam.cpu_adam_op","cuda":false},{"name":"deepspeed_shm_comm","module":"deepspeed.ops.comm.deepspeed_shm_comm_op","cuda":false}]' --cpu-target "-march=x86-64-v3 -D__AVX256__" \
+         --out /opt/ops/wheel-cpu/ops.json > /dev/null \
+    && rm -rf /tmp/cpu-site
 
 FROM torch AS python
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -194,6 +211,14 @@ RUN --mount=type=secret,id=pip_cert,required=false \
     pip install --no-cache-dir --no-deps --no-index /opt/train-image/ops/deepspeed-*.whl \
     && rm /opt/train-image/ops/deepspeed-*.whl \
     && pip check
+# DeepSpeed built for the CPU accelerator, beside the CUDA build: a .pth file (site's standard hook) puts it first
+# on sys.path only when DS_ACCELERATOR=cpu, so a GPU-less host finds its ops prebuilt (no compiler, no writable
+# home needed) and nothing changes for anyone else. Its launcher scripts are the CUDA build's (same version).
+COPY --from=ops /opt/ops/wheel-cpu/ /opt/train-image/ops-cpu/
+RUN pip install --no-cache-dir --no-deps --no-index --target /opt/deepspeed-cpu /opt/train-image/ops-cpu/deepspeed-*.whl \
+    && rm -r /opt/train-image/ops-cpu/deepspeed-*.whl /opt/deepspeed-cpu/bin \
+    && printf '%s\n' 'import os, sys; os.environ.get("DS_ACCELERATOR") == "cpu" and sys.path.insert(0, "/opt/deepspeed-cpu")' \
+       > /opt/venv/lib/python3.11/site-packages/train-image-deepspeed-cpu.pth
 
 FROM python AS runtime
 # What the image is (facts.json) and the gate that proves it trains (smoke), runnable on any host:
