@@ -168,7 +168,7 @@ RUN mkdir -p /opt/ops/src-cpu /opt/ops/wheel-cpu \
          echo "the CPU-accelerator ops were not compiled through /opt/ops/bin/cc with -march=x86-64-v3" >&2; exit 1; fi \
     && pip install -q --no-cache-dir --no-deps --no-index --target /tmp/cpu-site /opt/ops/wheel-cpu/deepspeed-*.whl \
     && DS_ACCELERATOR=cpu PYTHONPATH=/tmp/cpu-site python /opt/ops/ops.py verify --accelerator cpu \
-         --ops '[{"name":"fused_adam","module":"deepspeed.ops.adam.fused_adam_op","cuda":false},{"name":"cpu_adam","module":"deepspeed.ops.adam.cpu_adam_op","cuda":false},{"name":"deepspeed_shm_comm","module":"deepspeed.ops.comm.deepspeed_shm_comm_op","cuda":false}]' --cpu-target "-march=x86-64-v3 -D__AVX256__" \
+         --ops '[{"name":"fused_adam","module":"deepspeed.ops.adam.fused_adam_op","cuda":false,"avx512_dispatched":false},{"name":"cpu_adam","module":"deepspeed.ops.adam.cpu_adam_op","cuda":false,"avx512_dispatched":false},{"name":"deepspeed_shm_comm","module":"deepspeed.ops.comm.deepspeed_shm_comm_op","cuda":false,"avx512_dispatched":true}]' --cpu-target "-march=x86-64-v3 -D__AVX256__" \
          --out /opt/ops/wheel-cpu/ops.json > /dev/null \
     && rm -rf /tmp/cpu-site
 
