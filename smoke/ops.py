@@ -255,7 +255,9 @@ def run(res, facts, mode):
     inv = {}
     for op in ops:
         r = got[op["name"]]
-        path = op_file(op["module"]) if op["module"] else None
+        # The file DeepSpeed loaded under the CUDA accelerator (the probe's); this process may resolve the module
+        # name to the CPU-accelerator build (DS_ACCELERATOR=cpu in a CPU gate puts it first on sys.path).
+        path = r.get("module") if r.get("loaded") else (op_file(op["module"]) if op["module"] else None)
         archs = fatbin_archs(path) if path else []
         inv[op["name"]] = {"prebuilt": r["prebuilt"], "loaded": r.get("loaded"),
                            "archs": ["{}_{}".format(k, a.replace(".", "")) for k, a in archs]}
