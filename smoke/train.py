@@ -1,10 +1,11 @@
 """train check: tiny DeepSpeed ZeRO-3 + peft LoRA jobs on every visible GPU (2 gloo ranks on CPU).
 
 Runs what users run, nothing in DeepSpeed patched: DeepSpeed's default optimizer config
-({"type": "AdamW"}: FusedAdam on GPU, DeepSpeed's C++ FusedAdam on the CPU accelerator), then the same job
-with ZeRO-3 CPU offload (offload_optimizer: {device: cpu}: DeepSpeedCPUAdam). On CPU the accelerator's own
-ops (shm_comm, the CPU Adam kernels) come prebuilt from the image's CPU-accelerator DeepSpeed build where the
-facts say so, and the check fails if anything was JIT-built; older images JIT-build them as for any user.
+({"type": "AdamW"}: FusedAdam on GPU, DeepSpeed's C++ FusedAdam on the CPU accelerator), then, in the same
+ranks, the same training with ZeRO-3 CPU offload (offload_optimizer: {device: cpu}: DeepSpeedCPUAdam).
+On CPU the accelerator's own ops (shm_comm, the CPU Adam kernels) come prebuilt from the image's
+CPU-accelerator DeepSpeed build where the facts say so, and the check fails if anything was JIT-built;
+older images JIT-build them as for any user.
 Proves the stack composes: transformers builds a model from a config
 (no download), peft wraps it, DeepSpeed partitions it (stage3_param_persistence_threshold 0 so even tiny
 params are partitioned), trains N steps on a fixed batch, saves and reloads a checkpoint. Then the job most
@@ -26,6 +27,7 @@ BATCH, SEQ, VOCAB = 4, 32, 256
 
 # The two DeepSpeed configs users start from; only the optimizer placement differs.
 VARIANTS = ("adamw", "offload")
+JOB = "deepspeed"  # the job that runs them, one after the other, in the same ranks
 EXPECTED_OPTIMIZER = {"adamw": "FusedAdam", "offload": "DeepSpeedCPUAdam"}
 # The Trainer job users run (smoke.train_trainer: Trainer + DeepSpeed config): a first run to a checkpoint,
 # then a second process that resumes from it, consolidates with zero_to_fp32 and reloads.
@@ -70,9 +72,7 @@ def run(res, facts, mode, n_gpus, out_dir, steps, timeout):
         path = launch.base_env(mode).get("PATH")
         res.figures["cxx"], res.figures["ninja"] = compiler_on_path(path), shutil.which("ninja", path=path)
     try:
-        for variant in VARIANTS:
-            left = timeout - (time.monotonic() - started)
-            run_variant(res, mode, n, out_dir, steps, max(30.0, left), variant, extensions)
+        run_deepspeed_job(res, mode, n, out_dir, steps, timeout, extensions)
         run_trainer(res, mode, n, out_dir, steps, lambda: max(30.0, timeout - (time.monotonic() - started)),
                     extensions)
         if extensions:
@@ -112,13 +112,25 @@ def job_env(mode, n, steps, ckpt, variant, extensions=None):
     return env
 
 
-def run_variant(res, mode, n, out_dir, steps, timeout, variant, extensions=None):
+def run_deepspeed_job(res, mode, n, out_dir, steps, timeout, extensions=None):
+    """The deepspeed.initialize configs, one after the other in one multi-rank job: each rank pays the imports and
+    the process group once (a launch is most of a job's wall time on 2 cores). Items arrive named per variant."""
     ckpt = tempfile.mkdtemp(prefix="smoke-ckpt-")
     try:
-        run_rank_job(res, "smoke.train", n, out_dir, variant, timeout,
-                     job_env(mode, n, steps, ckpt, variant, extensions))
+        r, data = ranks.run_job("smoke.train", n, out_dir, f"train-{JOB}", timeout,
+                                job_env(mode, n, steps, ckpt, ",".join(VARIANTS), extensions))
     finally:
         shutil.rmtree(ckpt, ignore_errors=True)
+    data = data or {}
+    res.items.extend(data.get("items", []))
+    figs = dict(data.get("figures", {}))
+    if "dtype" in figs:
+        res.figures["dtype"] = figs.pop("dtype")
+    res.figures.update(figs)
+    res.figures[JOB] = {"wall_seconds": r["seconds"], "logs": r["logs"], "variants": list(VARIANTS)}
+    prefix = f"{JOB}: "
+    if not ranks.record_exit(res, r, data, timeout, prefix) or any(i["ok"] is False for i in data.get("items", [])):
+        ranks.explain_failure(res, r, prefix)
 
 
 def run_trainer(res, mode, n, out_dir, steps, time_left, extensions=None):
@@ -165,21 +177,35 @@ def worker():
 
     rank, world, local, gpu = ranks.rank_env()
     steps = int(os.environ.get("SMOKE_STEPS", "5"))
-    res = report.Result("train", "gpu" if gpu else "cpu")
+    mode = "gpu" if gpu else "cpu"
+    res = report.Result("train", mode)
     dev = join_group(gpu, local)
     bf16 = use_bf16(gpu, dev)
     res.figures["dtype"] = "bf16" if bf16 else "fp32"
-    engine = build_engine(res, bf16, os.environ.get("SMOKE_VARIANT", "adamw"))
+    for variant in os.environ.get("SMOKE_VARIANT", "adamw").split(","):
+        one = report.Result("train", mode)
+        t0 = time.monotonic()
+        train_variant(one, variant, bf16, dev, steps, gpu, os.path.join(os.environ["SMOKE_CKPT_DIR"], variant))
+        one.figures["seconds"] = round(time.monotonic() - t0, 2)
+        res.items.extend(dict(item, name=f"{variant}: {item['name']}") for item in one.items)
+        res.figures[variant] = one.figures
+    ranks.finish(dist, rank, res)
+    print(f"rank {rank}/{world} done: " + ("ok" if all(i["ok"] for i in res.items) else "FAILED"))
+
+
+def train_variant(res, variant, bf16, dev, steps, gpu, ckpt):
+    """One deepspeed.initialize config: train, check, checkpoint round trip; the engine is released after."""
+    engine = build_engine(res, bf16, variant)
     # Same fixed batch on every rank, so every rank must compute the same loss: a cheap
     # proof that the partitioned parameters agree after the steps.
     ids = fixed_batch(dev)
     loss_last = train_and_check(res, engine, ids, steps, gpu)
     tol = 1e-3 if bf16 else 1e-5
     check_ranks_agree(res, loss_last, tol, dev)
-    check_checkpoint(res, engine, ids, tol, os.environ["SMOKE_CKPT_DIR"])
+    check_checkpoint(res, engine, ids, tol, ckpt)
     record_peak_memory(res, gpu, dev)
-    ranks.finish(dist, rank, res)
-    print(f"rank {rank}/{world} done: " + ("ok" if all(i["ok"] for i in res.items) else "FAILED"))
+    # ZeRO-3's hooks and partitioned buffers go before the next config's engine (destroy(): DeepSpeed >= 0.10).
+    getattr(engine, "destroy", lambda: None)()
 
 
 def join_group(gpu, local):

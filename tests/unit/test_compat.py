@@ -263,3 +263,17 @@ def test_cuda12_ops_on_bookworm_without_nvcc_source_is_a_build_time_limit(projec
     assert run_cli("build", "cu121-torch2.3") == 3
     err = capsys.readouterr().err
     assert "[nvcc-source]" in err and "no nvcc source reachable for CUDA 12.1" in err
+
+
+def test_cpu_accelerator_ops_are_prebuilt_from_the_checked_deepspeed_on(project):
+    """DeepSpeed's CPU-accelerator ops get their own wheel only where the builders were checked (0.19.8 on):
+    an older DeepSpeed keeps its JIT path rather than an untested build."""
+    entries = matrix.load(project / "matrix.yaml").by_tag()
+    cpu = compat.cpu_accelerator(entries[BOOKWORM])
+    assert cpu and cpu["source"] and cpu["dir"] == "/opt/deepspeed-cpu"
+    assert {o["name"] for o in cpu["ops"]} == {"fused_adam", "cpu_adam", "deepspeed_shm_comm"}
+    assert all(o["build_var"].startswith("DS_BUILD_") for o in cpu["ops"])
+    dispatched = [o for o in cpu["ops"] if o.get("avx512_dispatched")]
+    assert dispatched and all(o["avx512_source"] for o in dispatched)  # accepted AVX-512 code needs its reason
+    assert compat.cpu_accelerator(entries["cu121-torch2.3"]) is None  # DeepSpeed 0.15.1
+    assert compat.toolchain(entries["cu121-torch2.3"])["cpu_ops_json"] == ""

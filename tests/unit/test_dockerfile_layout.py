@@ -36,8 +36,8 @@ def test_the_python_stage_installs_its_packages_before_it_needs_the_ops_wheel(do
 
 
 def test_no_install_step_holds_a_cache_lock_that_would_serialise_the_stages(dockerfile):
-    for name in ("torch", "ops", "python"):
-        for mount in re.findall(r"--mount=type=cache,[^ ]+", stages(dockerfile)[name]):
+    for name in ("torch", "ops", "ops-cpu", "python"):
+        for mount in re.findall(r"--mount=type=cache,[^ ]+", stages(dockerfile).get(name, "")):
             if "apt-" not in mount:  # apt's lists and archives need the lock, and only the OS steps use them
                 assert "sharing=locked" not in mount, f"{name}: {mount}"
 
@@ -98,3 +98,25 @@ def test_unpacked_debs_are_hash_checked_before_unpacking_and_never_reach_the_ima
         assert path not in dockerfile and sha256 not in dockerfile, name
     after = dockerfile[dockerfile.index("FROM torch AS python"):]
     assert "ops-deb.lock" not in after and "COPY --from=ops /opt/ops/wheel/ /opt/train-image/ops/" in after
+
+
+def test_the_cpu_accelerator_ops_build_beside_the_cuda_ops_and_only_their_wheel_reaches_the_image():
+    """DeepSpeed compiles prebuilt ops one source at a time (one core each): the CPU-accelerator wheel has a stage of
+    its own from torch, so BuildKit runs it beside the CUDA ops stage, not after it (a cold build was ~6 min longer)."""
+    entry = matrix.load(ROOT / "matrix.yaml").by_tag()["cu130-torch2.13-bookworm"]
+    parts = stages(render.render_entry(entry)["Dockerfile"])
+    cpu = parts["ops-cpu"]
+    assert "--from=ops " not in cpu and "nvcc" not in cpu  # waits for no CUDA build
+    assert "DS_ACCELERATOR=cpu" in cpu and "DS_BUILD_SHM_COMM=1" in cpu and "'exec g++ \"$@\"'" in cpu
+    assert "--require-hashes" in cpu and "ops.py verify --accelerator cpu" in cpu
+    assert "ENV DS_ACCELERATOR=cuda" in parts["ops"] and "DS_BUILD_SHM_COMM" not in parts["ops"]
+    assert "wheel-cpu" not in parts["ops"]
+    assert "COPY --from=ops-cpu /opt/ops/wheel-cpu/ /opt/train-image/ops-cpu/" in parts["python"]
+    assert "train-image-deepspeed-cpu.pth" in parts["python"]
+
+
+def test_an_entry_whose_deepspeed_predates_the_checked_builders_keeps_the_jit_path():
+    entry = matrix.load(ROOT / "matrix.yaml").by_tag()["cu121-torch2.3"]  # DeepSpeed 0.15.1
+    dockerfile = render.render_entry(entry)["Dockerfile"]
+    assert "ops-cpu" not in stages(dockerfile) and "deepspeed-cpu" not in dockerfile
+    assert render.facts(entry)["ops"]["cpu_accelerator"] is None

@@ -66,18 +66,43 @@ def test_train_loss_checks_catch_nan_and_a_loss_that_did_not_fall():
     assert res.passed and res.figures["steps_per_s"] is None
 
 
-def test_train_variants_merge_under_their_names_and_summarise():
+def test_both_deepspeed_configs_run_in_one_job_and_land_under_their_names(monkeypatch, tmp_path):
+    """adamw and offload share one launch (imports and the process group paid once); the worker names each item
+    after its config, the parent files the figures per config and the job's wall time and logs under "deepspeed"."""
+    seen = {}
+
+    def fake_run_job(module, n, out_dir, job, timeout, env, node=None):
+        seen.update(module=module, job=job, variants=env["SMOKE_VARIANT"], ckpt=env["SMOKE_CKPT_DIR"])
+        data = {"items": [{"name": f"{v}: loss finite", "ok": True, "detail": ""} for v in train.VARIANTS],
+                "figures": {"dtype": "fp32",
+                            "adamw": {"optimizer": "FusedAdam", "loss_first": 5.5, "loss_last": 5.25},
+                            "offload": {"optimizer": "DeepSpeedCPUAdam", "loss_first": 5.5, "loss_last": 5.3}}}
+        return {"seconds": 31.5, "logs": ["l0", "l1"], "rcs": [0, 0], "timed_out": False, "first_failure": None}, data
+
+    monkeypatch.setattr(train.ranks, "run_job", fake_run_job)
     res = report.Result("train", "cpu")
-    for variant, opt, last in (("adamw", "FusedAdam", 5.25), ("offload", "DeepSpeedCPUAdam", 5.3)):
-        data = {"items": [{"name": "loss finite", "ok": True, "detail": ""}],
-                "figures": {"dtype": "fp32", "optimizer": opt, "loss_first": 5.5, "loss_last": last}}
-        train.merge_variant(res, variant, {"seconds": 12.5, "logs": ["l0", "l1"]}, data)
-    assert [i["name"] for i in res.items] == ["adamw: loss finite", "offload: loss finite"]
-    assert res.figures["dtype"] == "fp32" and "dtype" not in res.figures["adamw"]
-    assert res.figures["offload"]["wall_seconds"] == 12.5 and res.figures["offload"]["logs"] == ["l0", "l1"]
+    train.run_deepspeed_job(res, "cpu", 2, str(tmp_path), 5, 600)
+    assert seen["module"] == "smoke.train" and seen["job"] == "train-deepspeed" and seen["variants"] == "adamw,offload"
+    assert [i["name"] for i in res.items] == ["adamw: loss finite", "offload: loss finite", "deepspeed: all ranks exited 0"]
+    assert res.passed and res.figures["dtype"] == "fp32" and res.figures["adamw"]["optimizer"] == "FusedAdam"
+    assert res.figures["deepspeed"] == {"wall_seconds": 31.5, "logs": ["l0", "l1"], "variants": ["adamw", "offload"]}
     train.summarise(res, 2)
     assert res.summary == ("2 ranks fp32: adamw (FusedAdam) loss 5.5000 -> 5.2500; "
                            "offload (DeepSpeedCPUAdam) loss 5.5000 -> 5.3000")
+
+
+def test_a_failed_deepspeed_job_says_which_rank_failed_first(monkeypatch, tmp_path):
+    log = tmp_path / "train-deepspeed.rank1.log"
+    log.write_text("RuntimeError: boom\n")
+    monkeypatch.setattr(train.ranks, "run_job", lambda *a, **k: (
+        {"seconds": 9.0, "logs": [str(tmp_path / "r0.log"), str(log)], "rcs": [0, 1], "timed_out": False,
+         "first_failure": 1}, {}))
+    res = report.Result("train", "cpu")
+    train.run_deepspeed_job(res, "cpu", 2, str(tmp_path), 5, 600)
+    assert not res.passed
+    assert [i["name"] for i in res.items if not i["ok"]] == ["deepspeed: all ranks exited 0",
+                                                               "deepspeed: rank 0 wrote its result"]
+    assert any("deepspeed: rank 1 failed first" in d and "boom" in d for d in res.diagnosis)
 
 
 def test_trainer_resume_figures_join_the_summary_and_the_deepspeed_launchers_flag_is_accepted(monkeypatch):

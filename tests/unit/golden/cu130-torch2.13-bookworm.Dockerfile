@@ -154,20 +154,50 @@ RUN pip install -q --no-cache-dir --no-deps --no-index /opt/ops/wheel/deepspeed-
          --cpu-target "-march=x86-64-v3 -D__AVX256__" \
          --nvcc "$(/opt/venv/lib/python3.11/site-packages/nvidia/cu13/bin/nvcc --version | grep -o 'release [0-9.]*' | cut -d' ' -f2)" \
          --nvcc-bytes "$(( $(du -sb /opt/venv/lib/python3.11/site-packages/nvidia/cu13 | cut -f1) - $(cat /opt/ops/cuda-home-bytes) ))" --out /opt/ops/wheel/ops.json > /dev/null
+
 # DeepSpeed's CPU accelerator (DS_ACCELERATOR=cpu) loads a prebuilt op only from a wheel built for it, and its op
-# modules carry the CUDA ops' names: a second wheel from the same sdist, built in a fresh copy of the source (the
-# CUDA build's objects must not be reused) through the same compiler wrapper, and checked the same way.
-RUN mkdir -p /opt/ops/src-cpu /opt/ops/wheel-cpu \
+# modules carry the CUDA ops' names: a second wheel from the same hash-checked sdist (fused_adam, cpu_adam, deepspeed_shm_comm),
+# built with the image's own g++ (the one DeepSpeed's JIT would use) through the same wrapper, and checked the same
+# way. A stage of its own: DeepSpeed compiles prebuilt ops one source at a time, so BuildKit runs it beside the CUDA
+# ops stage, each on a core.
+FROM torch AS ops-cpu
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ARG SOURCE_DATE_EPOCH=315532800
+COPY ops.lock deepspeed.lock /opt/ops/
+COPY smoke/ops.py /opt/ops/ops.py
+ENV DS_ACCELERATOR=cpu \
+    CC=/opt/ops/bin/cc \
+    CXX=/opt/ops/bin/cc \
+    LDFLAGS=-s \
+    MAX_JOBS=2
+RUN --mount=type=cache,id=uv-cache,target=/var/cache/uv,sharing=shared \
+    --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/usr/local/bin/uv \
+    --mount=type=secret,id=pip_cert,required=false \
+    --mount=type=secret,id=pip_index_url,required=false \
+    --mount=type=secret,id=pip_extra_index_url,required=false \
+    export PYTHONHASHSEED=0; \
+    if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
+    if [ -s /run/secrets/pip_index_url ]; then PIP_INDEX_URL="$(cat /run/secrets/pip_index_url)"; export PIP_INDEX_URL; fi; \
+    if [ -s /run/secrets/pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /run/secrets/pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \
+    export PIP_INDEX_URL="${PIP_INDEX_URL:-https://pypi.org/simple}"; \
+    export UV_INDEX_URL="$PIP_INDEX_URL" UV_CACHE_DIR=/var/cache/uv UV_LINK_MODE=copy \
+      UV_NO_PROGRESS=1 UV_PYTHON_DOWNLOADS=never; \
+    if [ -n "${PIP_EXTRA_INDEX_URL:-}" ]; then export UV_EXTRA_INDEX_URL="$PIP_EXTRA_INDEX_URL"; fi; \
+    if [ -n "${PIP_CERT:-}" ]; then export SSL_CERT_FILE="$PIP_CERT"; fi; \
+    mkdir -p /opt/ops/bin /opt/ops/wheel-cpu /opt/ops/sdist /opt/ops/src-cpu \
+    && printf '%s\n' '#!/bin/sh' 'for a do shift; case "$a" in -march=native) a=-march=x86-64-v3;; -D__AVX512__|-D__AVX256__|-D__SCALAR__) a=-D__AVX256__;; -g) continue;; esac; set -- "$@" "$a"; done' 'echo "$*" >> /opt/ops/cc.log' 'exec g++ "$@"' > /opt/ops/bin/cc \
+    && chmod 0755 /opt/ops/bin/cc \
+    && uv pip install --require-hashes --no-deps -r /opt/ops/ops.lock \
+    && pip download -q --no-cache-dir --require-hashes --no-deps --no-build-isolation -d /opt/ops/sdist -r /opt/ops/deepspeed.lock \
     && tar -xzf /opt/ops/sdist/deepspeed-0.19.8.tar.gz -C /opt/ops/src-cpu \
-    && : > /opt/ops/cc.log \
-    && if ! DS_ACCELERATOR=cpu DS_BUILD_FUSED_ADAM=1 DS_BUILD_CPU_ADAM=1 DS_BUILD_SHM_COMM=1 DS_BUILD_OPS=0 \
+    && if ! DS_BUILD_FUSED_ADAM=1 DS_BUILD_CPU_ADAM=1 DS_BUILD_SHM_COMM=1 DS_BUILD_OPS=0 \
          pip wheel -v --no-cache-dir --no-deps --no-build-isolation --no-index -w /opt/ops/wheel-cpu \
          /opt/ops/src-cpu/deepspeed-0.19.8 > /tmp/ds-cpu-build.log 2>&1; \
        then tail -60 /tmp/ds-cpu-build.log; exit 1; fi \
     && if grep -- '-march=native' /opt/ops/cc.log || ! grep -q -- '-march=x86-64-v3' /opt/ops/cc.log; then \
-         echo "the CPU-accelerator ops were not compiled through /opt/ops/bin/cc with -march=x86-64-v3" >&2; exit 1; fi \
-    && pip install -q --no-cache-dir --no-deps --no-index --target /tmp/cpu-site /opt/ops/wheel-cpu/deepspeed-*.whl \
-    && DS_ACCELERATOR=cpu PYTHONPATH=/tmp/cpu-site python /opt/ops/ops.py verify --accelerator cpu \
+         echo "the CPU-accelerator ops were not compiled through /opt/ops/bin/cc with -march=x86-64-v3" >&2; exit 1; fi
+RUN pip install -q --no-cache-dir --no-deps --no-index --target /tmp/cpu-site /opt/ops/wheel-cpu/deepspeed-*.whl \
+    && PYTHONPATH=/tmp/cpu-site python /opt/ops/ops.py verify --accelerator cpu \
          --ops '[{"name":"fused_adam","module":"deepspeed.ops.adam.fused_adam_op","cuda":false,"avx512_dispatched":false},{"name":"cpu_adam","module":"deepspeed.ops.adam.cpu_adam_op","cuda":false,"avx512_dispatched":false},{"name":"deepspeed_shm_comm","module":"deepspeed.ops.comm.deepspeed_shm_comm_op","cuda":false,"avx512_dispatched":true}]' --cpu-target "-march=x86-64-v3 -D__AVX256__" \
          --out /opt/ops/wheel-cpu/ops.json > /dev/null \
     && rm -rf /tmp/cpu-site
@@ -214,7 +244,7 @@ RUN --mount=type=secret,id=pip_cert,required=false \
 # DeepSpeed built for the CPU accelerator, beside the CUDA build: a .pth file (site's standard hook) puts it first
 # on sys.path only when DS_ACCELERATOR=cpu, so a GPU-less host finds its ops prebuilt (no compiler, no writable
 # home needed) and nothing changes for anyone else. Its launcher scripts are the CUDA build's (same version).
-COPY --from=ops /opt/ops/wheel-cpu/ /opt/train-image/ops-cpu/
+COPY --from=ops-cpu /opt/ops/wheel-cpu/ /opt/train-image/ops-cpu/
 RUN pip install --no-cache-dir --no-deps --no-index --target /opt/deepspeed-cpu /opt/train-image/ops-cpu/deepspeed-*.whl \
     && rm -r /opt/train-image/ops-cpu/deepspeed-*.whl /opt/deepspeed-cpu/bin \
     && printf '%s\n' 'import os, sys; os.environ.get("DS_ACCELERATOR") == "cpu" and sys.path.insert(0, "/opt/deepspeed-cpu")' \
