@@ -76,8 +76,7 @@ def ci_build_cuda12(require_docker, tmp_path_factory):
 @pytest.fixture(scope="session")
 def ci_gate(ci_build):
     """The whole gate, once per session, on the CI image built above (`builder smoke TAG --cpu`): on 2 cores it
-    takes minutes (DeepSpeed JIT-builds its CPU ops, as for any CPU user), so the gate test and the publish
-    round trip share this one run."""
+    takes about two minutes, so the gate test and the publish round trip share this one run."""
     proc = subprocess.run([sys.executable, "-m", "builder", "smoke", CI_TAG, "--cpu"], cwd=ROOT,
                           capture_output=True, text=True, timeout=2400)
     from builder.model import paths

@@ -90,7 +90,7 @@ def build_small(tmp_path, name: str, dockerfile: str, no_cache: bool = False) ->
 
 def one_check(image: str, name: str, tmp_path: Path, timeout: int = 600, shm_size: str = "2g") -> dict:
     """Run one gate check (`smoke NAME --cpu`) in a fresh container with no network; return its JSON report.
-    For broken-image tests that target one check: the whole gate on CPU takes minutes (DeepSpeed's CPU JIT)."""
+    For broken-image tests that target one check: the whole gate on CPU takes about two minutes on 2 cores."""
     import json
 
     out = tmp_path / f"out-{name}"

@@ -1,7 +1,8 @@
 """The image as OpenShift and hardened Kubernetes run it: an arbitrary UID with no passwd entry (HOME=/), a
 read-only root file system, a writable /tmp. The whole gate passes there (`smoke all --cpu`, the container the
-gate runs, plus those flags), and the gate's caches (Hugging Face, DeepSpeed's JIT ops, triton, pip) land under
-/tmp. /tmp is mounted exec: DeepSpeed's CPU ops are JIT-built there and loaded from there."""
+gate runs, plus those flags), and the gate's caches (Hugging Face, torch extensions, triton, inductor, pip) land
+under /tmp. /tmp is mounted exec: torch.compile's kernels are built there and loaded from there (DeepSpeed's CPU
+ops are prebuilt in the image, and the train check fails if any were JIT-built)."""
 
 from __future__ import annotations
 

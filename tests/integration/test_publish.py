@@ -463,8 +463,8 @@ def test_publish_real_ci_image(registry, tmp_path, monkeypatch, ci_gate):
           f"digest {report['digest']}")
     # The round trip a user does on a cloud host: pull by digest, then re-verify there.
     verdict = tmp_path / "verify.json"
-    # The whole gate ran on this image in test_smoke_e2e; here the round trip re-runs the quick checks (the CPU
-    # training step alone is minutes of DeepSpeed's own JIT), and the verdict must say what it left out.
+    # The whole gate ran on this image in test_smoke_e2e; here the round trip re-runs the quick checks (compile
+    # and train are most of the gate's two minutes), and the verdict must say what it left out.
     assert run_cli("verify", pulled, "--json", str(verdict), "--checks", "env,ops,nccl") == 0
     result = json.loads(verdict.read_text())
     assert result["passed"] and result["image_id"] == current
