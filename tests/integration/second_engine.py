@@ -96,7 +96,9 @@ class Engine:
 
     def __init__(self, fs_size: str | None = None):
         self.dir = Path(tempfile.mkdtemp(prefix="bft-", dir="/tmp"))  # short: a socket path has 108 bytes
-        self.cgroup = self.dir.name
+        # Its containerd namespace and cgroup: mkdtemp's letters include "_", and containerd refuses an identifier
+        # with "-_" or "__" in it (`docker run`: "namespace validation"), so the underscores become letters.
+        self.cgroup = self.dir.name.replace("_", "u")
         self.sock = self.dir / "d.sock"
         self.host = f"unix://{self.sock}"
         self.log = self.dir / "dockerd.log"

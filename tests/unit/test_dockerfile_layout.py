@@ -113,6 +113,9 @@ def test_the_cpu_accelerator_ops_build_beside_the_cuda_ops_and_only_their_wheel_
     assert "wheel-cpu" not in parts["ops"]
     assert "COPY --from=ops-cpu /opt/ops/wheel-cpu/ /opt/train-image/ops-cpu/" in parts["python"]
     assert "train-image-deepspeed-cpu.pth" in parts["python"]
+    # pip --target compiles in a random temporary directory, whose path would land in every .pyc: compiled after
+    assert "--no-compile --target /opt/deepspeed-cpu" in parts["python"]
+    assert "python -S /opt/build-tools/compile-new.py /opt/deepspeed-cpu /tmp/site.before" in parts["python"]
 
 
 def test_an_entry_whose_deepspeed_predates_the_checked_builders_keeps_the_jit_path():

@@ -245,8 +245,13 @@ RUN --mount=type=secret,id=pip_cert,required=false \
 # on sys.path only when DS_ACCELERATOR=cpu, so a GPU-less host finds its ops prebuilt (no compiler, no writable
 # home needed) and nothing changes for anyone else. Its launcher scripts are the CUDA build's (same version).
 COPY --from=ops-cpu /opt/ops/wheel-cpu/ /opt/train-image/ops-cpu/
-RUN pip install --no-cache-dir --no-deps --no-index --target /opt/deepspeed-cpu /opt/train-image/ops-cpu/deepspeed-*.whl \
+# Its bytecode is compiled in place afterwards, hash-checked (compile-new.py): pip --target compiles in a random
+# temporary directory first, and that path lands in every .pyc (a rebuild would differ in each).
+RUN --mount=type=bind,source=compile-new.py,target=/opt/build-tools/compile-new.py \
+    pip install --no-cache-dir --no-deps --no-index --no-compile --target /opt/deepspeed-cpu /opt/train-image/ops-cpu/deepspeed-*.whl \
     && rm -r /opt/train-image/ops-cpu/deepspeed-*.whl /opt/deepspeed-cpu/bin \
+    && : > /tmp/site.before && python -S /opt/build-tools/compile-new.py /opt/deepspeed-cpu /tmp/site.before \
+    && rm /tmp/site.before \
     && printf '%s\n' 'import os, sys; os.environ.get("DS_ACCELERATOR") == "cpu" and sys.path.insert(0, "/opt/deepspeed-cpu")' \
        > /opt/venv/lib/python3.11/site-packages/train-image-deepspeed-cpu.pth
 
