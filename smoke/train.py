@@ -101,9 +101,9 @@ def summarise(res, n):
         res.summary = f"{n} ranks {f.get('dtype')}: " + "; ".join(parts)
 
 
-def job_env(mode, n, steps, ckpt, variant, extensions=None):
+def job_env(mode, n, steps, ckpt, extensions=None):
     env = launch.base_env(mode)
-    env.update(SMOKE_MODE=mode, SMOKE_STEPS=str(steps), SMOKE_CKPT_DIR=ckpt, SMOKE_VARIANT=variant)
+    env.update(SMOKE_MODE=mode, SMOKE_STEPS=str(steps), SMOKE_CKPT_DIR=ckpt)
     if extensions:
         env["TORCH_EXTENSIONS_DIR"] = extensions
     if mode == "cpu":
@@ -117,20 +117,10 @@ def run_deepspeed_job(res, mode, n, out_dir, steps, timeout, extensions=None):
     the process group once (a launch is most of a job's wall time on 2 cores). Items arrive named per variant."""
     ckpt = tempfile.mkdtemp(prefix="smoke-ckpt-")
     try:
-        r, data = ranks.run_job("smoke.train", n, out_dir, f"train-{JOB}", timeout,
-                                job_env(mode, n, steps, ckpt, ",".join(VARIANTS), extensions))
+        env = dict(job_env(mode, n, steps, ckpt, extensions), SMOKE_VARIANTS=",".join(VARIANTS))
+        run_rank_job(res, "smoke.train", n, out_dir, JOB, timeout, env, merge=merge_variants)
     finally:
         shutil.rmtree(ckpt, ignore_errors=True)
-    data = data or {}
-    res.items.extend(data.get("items", []))
-    figs = dict(data.get("figures", {}))
-    if "dtype" in figs:
-        res.figures["dtype"] = figs.pop("dtype")
-    res.figures.update(figs)
-    res.figures[JOB] = {"wall_seconds": r["seconds"], "logs": r["logs"], "variants": list(VARIANTS)}
-    prefix = f"{JOB}: "
-    if not ranks.record_exit(res, r, data, timeout, prefix) or any(i["ok"] is False for i in data.get("items", [])):
-        ranks.explain_failure(res, r, prefix)
 
 
 def run_trainer(res, mode, n, out_dir, steps, time_left, extensions=None):
@@ -138,17 +128,18 @@ def run_trainer(res, mode, n, out_dir, steps, time_left, extensions=None):
     ckpt = tempfile.mkdtemp(prefix="smoke-trainer-")
     try:
         for phase in TRAINER_PHASES:
-            env = dict(job_env(mode, n, steps, ckpt, "trainer", extensions), SMOKE_TRAINER_PHASE=phase)
+            env = dict(job_env(mode, n, steps, ckpt, extensions), SMOKE_TRAINER_PHASE=phase)
             if not run_rank_job(res, "smoke.train_trainer", n, out_dir, f"trainer-{phase}", time_left(), env):
                 break
     finally:
         shutil.rmtree(ckpt, ignore_errors=True)
 
 
-def run_rank_job(res, module, n, out_dir, name, timeout, env):
-    """One multi-rank job; its items and figures land in res under `name`. True iff it passed."""
+def run_rank_job(res, module, n, out_dir, name, timeout, env, merge=None):
+    """One multi-rank job; its items and figures land in res under `name` (merge_variant, or the given merge).
+    True iff it passed."""
     r, data = ranks.run_job(module, n, out_dir, f"train-{name}", timeout, env)
-    merge_variant(res, name, r, data)
+    (merge or merge_variant)(res, name, r, data)
     prefix = f"{name}: "
     ok = ranks.record_exit(res, r, data, timeout, prefix)
     if not ok or not data or any(i["ok"] is False for i in data.get("items", [])):
@@ -169,6 +160,17 @@ def merge_variant(res, variant, r, data):
     res.figures[variant] = figs
 
 
+def merge_variants(res, job, r, data):
+    """The deepspeed job's rank 0 result: items already named per variant, figures under each variant's name;
+    the job's wall time and logs under `job`."""
+    res.items.extend(data.get("items", []))
+    figs = dict(data.get("figures", {}))
+    if "dtype" in figs:
+        res.figures["dtype"] = figs.pop("dtype")
+    res.figures.update(figs)
+    res.figures[job] = {"wall_seconds": r["seconds"], "logs": r["logs"], "variants": list(VARIANTS)}
+
+
 # ----------------------------------------------------------------------------- worker side
 
 def worker():
@@ -182,7 +184,7 @@ def worker():
     dev = join_group(gpu, local)
     bf16 = use_bf16(gpu, dev)
     res.figures["dtype"] = "bf16" if bf16 else "fp32"
-    for variant in os.environ.get("SMOKE_VARIANT", "adamw").split(","):
+    for variant in os.environ.get("SMOKE_VARIANTS", "adamw").split(","):
         one = report.Result("train", mode)
         t0 = time.monotonic()
         train_variant(one, variant, bf16, dev, steps, gpu, os.path.join(os.environ["SMOKE_CKPT_DIR"], variant))
@@ -195,6 +197,10 @@ def worker():
 
 def train_variant(res, variant, bf16, dev, steps, gpu, ckpt):
     """One deepspeed.initialize config: train, check, checkpoint round trip; the engine is released after."""
+    if gpu:
+        import torch
+
+        torch.cuda.reset_peak_memory_stats(dev)  # this config's peak, not the process's
     engine = build_engine(res, bf16, variant)
     # Same fixed batch on every rank, so every rank must compute the same loss: a cheap
     # proof that the partitioned parameters agree after the steps.
@@ -385,7 +391,8 @@ def record_peak_memory(res, gpu, dev):
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KB on Linux -> MB
     res.figures["peak_mem_mb"] = round(ranks.all_reduce_scalar(peak, dev, dist.ReduceOp.MAX), 1)
-    res.figures["peak_mem_kind"] = "gpu max_memory_allocated" if gpu else "cpu max RSS per rank"
+    # CPU: the kernel's max RSS covers the whole process, so a later config's figure includes the earlier ones.
+    res.figures["peak_mem_kind"] = "gpu max_memory_allocated" if gpu else "cpu max RSS per rank, process so far"
 
 
 if __name__ == "__main__":

@@ -72,7 +72,7 @@ def test_both_deepspeed_configs_run_in_one_job_and_land_under_their_names(monkey
     seen = {}
 
     def fake_run_job(module, n, out_dir, job, timeout, env, node=None):
-        seen.update(module=module, job=job, variants=env["SMOKE_VARIANT"], ckpt=env["SMOKE_CKPT_DIR"])
+        seen.update(module=module, job=job, variants=env["SMOKE_VARIANTS"], ckpt=env["SMOKE_CKPT_DIR"])
         data = {"items": [{"name": f"{v}: loss finite", "ok": True, "detail": ""} for v in train.VARIANTS],
                 "figures": {"dtype": "fp32",
                             "adamw": {"optimizer": "FusedAdam", "loss_first": 5.5, "loss_last": 5.25},
