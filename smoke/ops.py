@@ -188,9 +188,10 @@ def verify(args):
 
 # ----------------------------------------------------------------------------- the gate's "ops" check
 
-def probe(ops):
+def probe(ops, with_report=False):
     """In a process with DS_ACCELERATOR=cuda and no compiler on PATH: load each op the way DeepSpeed's
-    optimizers do (get_accelerator().create_op_builder(NAME).load()). Prints JSON per op."""
+    optimizers do (get_accelerator().create_op_builder(NAME).load()). Prints JSON per op (and, with_report,
+    DeepSpeed's op table as "_ds_report")."""
     out = {}
     try:
         import deepspeed
@@ -212,6 +213,11 @@ def probe(ops):
         except BaseException as e:  # noqa: BLE001 - SystemExit from a failed JIT too
             r.update(loaded=False, error=f"{type(e).__name__}: {e}"[:1500])
         out[op["name"]] = r
+    if with_report:
+        try:
+            out["_ds_report"] = ds_report()
+        except Exception as e:  # noqa: BLE001 - the table is a figure; the loads above are the verdict
+            out["_ds_report"] = {"_error": f"{type(e).__name__}: {e}"[:300]}
     print(json.dumps(out))
     return 0
 
@@ -224,12 +230,22 @@ def _no_compiler_path():
     return d
 
 
-def ds_report(env):
-    """DeepSpeed's own op inventory (`ds_report`): op -> "installed/compatible" as it prints them."""
-    p = subprocess.run([sys.executable, "-m", "deepspeed.env_report"], env=env, capture_output=True, text=True,
-                       timeout=120)
+def ds_report():
+    """DeepSpeed's own op inventory (what `ds_report` prints), from this process: op -> "installed/compatible".
+    Read in the probe, which has DeepSpeed imported already (a process of its own cost ~4 s of CPU)."""
+    import contextlib
+    import io
+
+    from deepspeed import env_report
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        env_report.op_report(verbose=False)
+    return parse_ds_report(buf.getvalue())
+
+
+def parse_ds_report(text):
     table = {}
-    for line in p.stdout.splitlines():
+    for line in text.splitlines():
         m = re.match(r"^(\w+) \.+ (\S+) \.+ (\S+)", re.sub(r"\x1b\[[0-9;]*m", "", line))
         if m:
             table[m.group(1)] = f"{m.group(2).strip('[]')}/{m.group(3).strip('[]')}"
@@ -247,7 +263,7 @@ def run(res, facts, mode):
             "cuda": n in spec.get("cuda_ops", [])} for n in names]
     env = _probe_env("cuda", mode)
     from smoke import signatures
-    got = _probe(res, env, ops)
+    got = _probe(res, env, ops, with_report=True)
     if got is None:
         return
     res.figures["accelerator"] = got.get("_accelerator")
@@ -291,7 +307,7 @@ def run(res, facts, mode):
                      "execution on the device' on those GPUs; rebuild with their archs in TORCH_CUDA_ARCH_LIST")
                     if missing else f"{len(claims)} GPUs covered by {built}")
     res.figures["ops"] = inv
-    res.figures["ds_report"] = ds_report(env)
+    res.figures["ds_report"] = got.get("_ds_report")
     res.summary = ", ".join(f"{n} " + (f"prebuilt [{', '.join(v['archs']) or 'cpu'}]" if v["prebuilt"]
                                        else "NOT prebuilt") for n, v in inv.items())
     if spec.get("cpu_accelerator"):
@@ -309,9 +325,10 @@ def _probe_env(accelerator, mode):
     return env
 
 
-def _probe(res, env, ops):
+def _probe(res, env, ops, with_report=False):
     """Run `probe` in a child with `env`: its JSON, or None after recording why it did not run."""
-    p = subprocess.run([sys.executable, "-m", "smoke.ops", "probe", "--ops", json.dumps(ops)], env=env,
+    p = subprocess.run([sys.executable, "-m", "smoke.ops", "probe", "--ops", json.dumps(ops)] +
+                       (["--ds-report"] if with_report else []), env=env,
                        capture_output=True, text=True, timeout=300)
     try:
         got = json.loads(p.stdout.strip().splitlines()[-1])
@@ -368,9 +385,10 @@ def main(argv=None):
     a.add_argument("path")
     pr = sub.add_parser("probe", help="load each op as DeepSpeed does; JSON out")
     pr.add_argument("--ops", required=True)
+    pr.add_argument("--ds-report", action="store_true", help="add DeepSpeed's op table (ds_report) as _ds_report")
     args = p.parse_args(argv)
     if args.cmd == "probe":
-        return probe(json.loads(args.ops))
+        return probe(json.loads(args.ops), args.ds_report)
     if args.cmd == "archs":
         print(" ".join(f"{k}_{x.replace('.', '')}" for k, x in fatbin_archs(args.path)))
         return 0

@@ -225,3 +225,13 @@ def test_ops_fatbin_of_a_library_without_gpu_code_is_empty():
     from smoke import ops
 
     assert ops.fatbin_archs(sys.executable) == []  # an ELF without .nv_fatbin
+
+
+def test_ops_reads_deepspeeds_op_table_as_ds_report_prints_it():
+    from smoke import ops
+
+    text = ("--------------------------------------------------\n"
+            "op name ................ installed .. compatible\n"
+            "\x1b[92mfused_adam\x1b[0m ............. \x1b[92m[YES]\x1b[0m ...... \x1b[92m[OKAY]\x1b[0m\n"
+            "async_io ............... [NO] ....... [NO]\n")
+    assert ops.parse_ds_report(text) == {"fused_adam": "YES/OKAY", "async_io": "NO/NO"}
