@@ -42,6 +42,14 @@ def test_no_install_step_holds_a_cache_lock_that_would_serialise_the_stages(dock
                 assert "sharing=locked" not in mount, f"{name}: {mount}"
 
 
+def test_the_gates_op_checker_comes_in_after_deepspeeds_compile(dockerfile):
+    # smoke/ops.py is the gate's code too: copied before the compile, every change to it rebuilt DeepSpeed's ops.
+    for name in ("ops", "ops-cpu"):
+        stage = stages(dockerfile).get(name)
+        if stage:
+            assert stage.index("pip wheel") < stage.index("COPY smoke/ops.py") < stage.index("ops.py verify")
+
+
 def test_uv_is_bind_mounted_and_never_copied_into_the_image(dockerfile):
     assert "COPY --from=uv" not in dockerfile
     assert "--mount=type=bind,from=uv,source=/opt/uv/bin/uv" in stages(dockerfile)["torch"]

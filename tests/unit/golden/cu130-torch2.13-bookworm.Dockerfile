@@ -101,7 +101,6 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG SOURCE_DATE_EPOCH=315532800
 COPY ops.lock deepspeed.lock /opt/ops/
 COPY nvcc.lock /opt/ops/nvcc.lock
-COPY smoke/ops.py /opt/ops/ops.py
 # CPU ops are compiled for a fixed target, not this machine's CPU: DeepSpeed's builder passes -march=native and a
 # SIMD width read from the build CPU (nothing overrides them), so CC is a wrapper that swaps both for
 # -march=x86-64-v3 -D__AVX256__ (setuptools compiles C++ with CXX; torch also hands CC to nvcc as -ccbin). It logs
@@ -147,6 +146,8 @@ RUN --mount=type=cache,id=uv-cache,target=/var/cache/uv,sharing=shared \
        then tail -60 /tmp/ds-build.log; exit 1; fi \
     && if grep -- '-march=native' /opt/ops/cc.log || ! grep -q -- '-march=x86-64-v3' /opt/ops/cc.log; then \
          echo "the CPU ops were not compiled through /opt/ops/bin/cc with -march=x86-64-v3" >&2; exit 1; fi
+# The checker comes in after the compile: a change to the gate's code re-runs this check, not DeepSpeed's build.
+COPY smoke/ops.py /opt/ops/ops.py
 # The stage fails unless every op is prebuilt for CUDA, loads, has exactly the asked GPU archs and no AVX-512
 # (ds_report exits 0 whatever happened). ops.json records what was built, for the image's gate and catalog.
 RUN pip install -q --no-cache-dir --no-deps --no-index /opt/ops/wheel/deepspeed-*.whl \
@@ -164,7 +165,6 @@ FROM torch AS ops-cpu
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG SOURCE_DATE_EPOCH=315532800
 COPY ops.lock deepspeed.lock /opt/ops/
-COPY smoke/ops.py /opt/ops/ops.py
 ENV DS_ACCELERATOR=cpu \
     CC=/opt/ops/bin/cc \
     CXX=/opt/ops/bin/cc \
@@ -196,6 +196,7 @@ RUN --mount=type=cache,id=uv-cache,target=/var/cache/uv,sharing=shared \
        then tail -60 /tmp/ds-cpu-build.log; exit 1; fi \
     && if grep -- '-march=native' /opt/ops/cc.log || ! grep -q -- '-march=x86-64-v3' /opt/ops/cc.log; then \
          echo "the CPU-accelerator ops were not compiled through /opt/ops/bin/cc with -march=x86-64-v3" >&2; exit 1; fi
+COPY smoke/ops.py /opt/ops/ops.py
 RUN pip install -q --no-cache-dir --no-deps --no-index --target /tmp/cpu-site /opt/ops/wheel-cpu/deepspeed-*.whl \
     && PYTHONPATH=/tmp/cpu-site python /opt/ops/ops.py verify --accelerator cpu \
          --ops '[{"name":"fused_adam","module":"deepspeed.ops.adam.fused_adam_op","cuda":false,"avx512_dispatched":false},{"name":"cpu_adam","module":"deepspeed.ops.adam.cpu_adam_op","cuda":false,"avx512_dispatched":false},{"name":"deepspeed_shm_comm","module":"deepspeed.ops.comm.deepspeed_shm_comm_op","cuda":false,"avx512_dispatched":true}]' --cpu-target "-march=x86-64-v3 -D__AVX256__" \
