@@ -165,14 +165,20 @@ def run_check(name, args, out_dir, mode):
     return d
 
 
-def run_phases(phases, run):
+def run_phases(phases, run, mode):
     """Run `phases` (see schedule) with run(name) -> result dict; each result is printed as its check ends.
-    Returns {name: result}."""
+    Returns {name: result} with every scheduled check: one whose run raised is a failure, never a gap (a lane's
+    thread would otherwise end silently and the verdict count only the checks that came back)."""
     results, printing = {}, threading.Lock()
 
     def lane(names):
         for name in names:
-            d = run(name)
+            try:
+                d = run(name)
+            except Exception as e:  # noqa: BLE001 - the gate's own bug must still fail the gate, visibly
+                r = report.Result(name, mode)
+                r.add(f"{name} check ran", False, f"{type(e).__name__}: {e}")
+                d = r.finish().to_dict()
             with printing:
                 results[name] = d
                 report.print_result(d, KEY_FIGURES.get(name, ()))
@@ -195,7 +201,7 @@ def run_all(args, out_dir):
     if unknown:
         print(f"smoke: unknown check(s) {','.join(unknown)}; choose from {','.join(CHECKS)}", file=sys.stderr)
         return 2
-    results = run_phases(schedule(mode, wanted), lambda name: run_check(name, args, out_dir, mode))
+    results = run_phases(schedule(mode, wanted), lambda name: run_check(name, args, out_dir, mode), mode)
     checks = [{k: results[c].get(k) for k in ("name", "passed", "seconds", "summary", "diagnosis", "figures")}
               for c in CHECKS if c in results]
     passed = all(c["passed"] for c in checks)

@@ -46,7 +46,7 @@ def test_lanes_of_a_phase_overlap_and_the_next_phase_waits(monkeypatch):
         events.append(("end", name))
         return _result(name)
 
-    results = cli.run_phases(cli.schedule("cpu", CHECKS), run)
+    results = cli.run_phases(cli.schedule("cpu", CHECKS), run, "cpu")
     assert sorted(results) == sorted(CHECKS)
     ends = [n for kind, n in events if kind == "end"]
     assert ends.index("compile") > ends.index("env")
@@ -63,6 +63,21 @@ def test_each_result_is_printed_as_its_check_ends(monkeypatch):
         seen.append(out.getvalue().count("\u2713"))  # lines printed before this check started
         return _result(name)
 
-    cli.run_phases(cli.schedule("gpu", CHECKS), run)
+    cli.run_phases(cli.schedule("gpu", CHECKS), run, "gpu")
     assert seen == [0, 1, 2, 3, 4]
     assert [line.split()[1] for line in out.getvalue().splitlines()] == list(CHECKS)
+
+
+def test_a_check_whose_run_raises_is_a_failure_and_its_lane_goes_on(monkeypatch):
+    monkeypatch.setattr("sys.stdout", io.StringIO())
+
+    def run(name):
+        if name == "ops":
+            raise OSError("no space left on device")
+        return _result(name)
+
+    results = cli.run_phases(cli.schedule("cpu", CHECKS), run, "cpu")
+    assert sorted(results) == sorted(CHECKS)  # no gap a verdict could pass over
+    assert results["ops"]["passed"] is False
+    assert [i["detail"] for i in results["ops"]["items"]] == ["OSError: no space left on device"]
+    assert results["nccl"]["passed"] is True  # the rest of ops' lane still ran
