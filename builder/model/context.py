@@ -1,7 +1,8 @@
 """The build context of an entry: exactly the files its image is made of, staged once and hashed.
 
 dockerfiles/<tag>/ (render's), locks/<tag>/ (lock's) and smoke/ are copied side by side into
-build/context/<tag>/, with the inputs applied (a flash-attn mirror rewrites the wheel's URL, never its hash).
+build/context/<tag>/, with the inputs applied (a flash-attn mirror rewrites the wheel's URL, never its hash), and
+torch-cuda.lock derived from torch.lock (its CUDA libraries, for a layer of their own).
 Build and repro stage through here, so the context BuildKit sees and the one hashed are the same files.
 Only regular files inside the repository enter: a symbolic link is refused, wherever it points.
 """
@@ -58,6 +59,9 @@ def stage(entry: Entry, inputs: Inputs, root: Path = paths.CONTEXT_ROOT) -> Path
         copy = target / "smoke" / path.relative_to(paths.SMOKE_DIR)
         copy.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, copy)
+    torch_lock = target / lockfile.TORCH_LOCK
+    if torch_lock.is_file():
+        (target / lockfile.TORCH_CUDA_LOCK).write_text(lockfile.cuda_libraries(torch_lock.read_text(encoding="utf-8")))
     flash = target / lockfile.FLASH_LOCK
     if inputs.flash_attn_mirror and flash.is_file():
         flash.write_text(lockfile.rewrite_flash_lock(flash.read_text(encoding="utf-8"), inputs.flash_attn_mirror))
