@@ -17,9 +17,9 @@ from builder.model.matrix import Entry
 
 LOCK = "requirements.lock"
 TORCH_LOCK = "torch.lock"
-# torch.lock's CUDA libraries, derived at staging (never in locks/): the torch stage installs them as a layer of their own.
+# torch.lock's CUDA libraries, derived when the context is staged (never in locks/): a layer of their own.
 TORCH_CUDA_LOCK = "torch-cuda.lock"
-CUDA_LIBRARY_PREFIXES = ("nvidia-", "cuda-")  # NVIDIA's CUDA wheels on PyPI: nvidia-cublas, nvidia-cudnn-cu12, cuda-toolkit
+CUDA_LIBRARY_PREFIXES = ("nvidia-", "cuda-")  # NVIDIA's CUDA wheels: nvidia-cublas, nvidia-cudnn-cu12, cuda-toolkit
 FLASH_LOCK = "flash-attn.lock"
 APT_LOCK = "apt.lock"
 OPS_LOCK = "ops.lock"  # what building DeepSpeed's ops needs besides torch (DeepSpeed's own dependencies)
@@ -124,7 +124,8 @@ def cuda_libraries(torch_lock: str) -> str:
     (the export time goes with the largest layer), and entries whose torch pins the same CUDA libraries share it.
     """
     blocks = [b.text for b in parse_blocks(torch_lock).values() if b.name.startswith(CUDA_LIBRARY_PREFIXES)]
-    return "# torch.lock's CUDA libraries (nvidia-*, cuda-*), staged by the builder for a layer of their own.\n" + "".join(blocks)
+    header = "# torch.lock's CUDA libraries (nvidia-*, cuda-*), staged by the builder for a layer of their own.\n"
+    return header + "".join(blocks)
 
 
 def closure_of(root: str, blocks: dict[str, Block]) -> list[str]:

@@ -10,6 +10,7 @@ a parameter, so tests run without network.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,17 +33,21 @@ class Source:
     mirror: str  # the flag or setting that provides a mirror
 
 
+_CONTEXT_MOUNT = re.compile(r"^--mount=type=bind,source=([^,]+),")  # a bind mount with from= is another stage's
+
+
 def copied_files(dockerfile: Path) -> list[str]:
-    """Files the Dockerfile COPYs from the build context's tag directory: every source of every COPY, except
-    copies from another stage (`--from=`) and smoke/ (it comes from the repository root)."""
+    """Files the Dockerfile takes from the build context's tag directory: every source of every COPY and of every
+    bind mount, except those from another stage (`from=`) and smoke/ (it comes from the repository root)."""
     found = []
     for line in dockerfile.read_text().splitlines():
         words = line.split()
+        found += [m.group(1) for m in map(_CONTEXT_MOUNT.search, words) if m]
         if not words or words[0] != "COPY" or any(w.startswith("--from=") for w in words):
             continue
         sources = [w for w in words[1:] if not w.startswith("--")][:-1]
         found += [src for src in sources if not src.startswith("smoke")]
-    return found
+    return list(dict.fromkeys(found))
 
 
 def registry_url(ref: str) -> str:

@@ -43,6 +43,18 @@ def test_image_is_built_and_verified(ci_build):
     assert reports.problems("build", report) == [], "the real build report must match builder/schemas/build"
 
 
+def test_torch_and_its_cuda_libraries_are_two_layers_of_comparable_size(ci_build):
+    """The ~5 GB of torch in two layers: the export hashes them in parallel and a pull fetches them in parallel,
+    so neither may hold most of the bytes."""
+    history = subprocess.run([DOCKER, "history", "--no-trunc", "--human=false", "--format", "{{.Size}}\t{{.CreatedBy}}",
+                              IMAGE], capture_output=True, text=True, check=True).stdout.splitlines()
+    sizes = {what: int(line.split("\t")[0]) for line in history
+             for what, marker in (("cuda", "-r /opt/build-tools/torch-cuda.lock"),
+                                  ("torch", "-r /opt/train-image/locks/torch.lock")) if marker in line}
+    assert sizes.keys() == {"cuda", "torch"}, history
+    assert min(sizes.values()) > 1.5e9 and max(sizes.values()) < 0.65 * sum(sizes.values()), sizes
+
+
 def test_labels(ci_build):
     labels = inspect(IMAGE)["Config"]["Labels"]
     report = ci_build["report"]

@@ -11,7 +11,8 @@ import re
 import pytest
 
 from builder.boundary import buildkit
-from builder.model import matrix
+from builder.model import context, lockfile, matrix
+from builder.model.inputs import Inputs
 from builder.steps import render
 from tests.conftest import ROOT
 
@@ -54,6 +55,28 @@ def test_uv_is_bind_mounted_and_never_copied_into_the_image(dockerfile):
     assert "COPY --from=uv" not in dockerfile
     assert "--mount=type=bind,from=uv,source=/opt/uv/bin/uv" in stages(dockerfile)["torch"]
     assert re.search(r"uv pip install --require-hashes --no-deps -r /opt/train-image/locks/torch\.lock", dockerfile)
+
+
+def test_torchs_cuda_libraries_are_a_layer_of_their_own_and_the_whole_lock_installs_after_them(dockerfile):
+    # One ~5 GB layer exported in 28-67 s: BuildKit hashes layers in parallel, so the export goes with the largest.
+    torch = stages(dockerfile)["torch"]
+    runs = torch.split("\nRUN ")[1:]
+    assert len(runs) == 2 and "-r /opt/build-tools/torch-cuda.lock" in runs[0]
+    assert "--mount=type=bind,source=torch-cuda.lock,target=/opt/build-tools/torch-cuda.lock" in runs[0]
+    # The second install takes the whole lock: whatever the first did not install, it does.
+    assert "COPY torch.lock" in runs[0] and "-r /opt/train-image/locks/torch.lock" in runs[1]
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.tag)
+def test_the_staged_cuda_lock_is_exactly_torch_locks_cuda_entries(entry, tmp_path):
+    torch_lock = (ROOT / "locks" / entry.tag / lockfile.TORCH_LOCK).read_text()
+    staged = context.stage(entry, Inputs(), root=tmp_path)
+    cuda = (staged / lockfile.TORCH_CUDA_LOCK).read_text()
+    blocks, whole = lockfile.parse_blocks(cuda), lockfile.parse_blocks(torch_lock)
+    assert "torch" in whole and "torch" not in blocks
+    assert set(blocks) == {n for n in whole if n.startswith(("nvidia-", "cuda-"))} and len(blocks) >= 10
+    assert all(blocks[n].text == whole[n].text and "--hash=sha256:" in blocks[n].text for n in blocks)
+    assert entry.tag not in cuda  # no tag in it: entries pinning the same CUDA libraries share the layer
 
 
 def test_every_step_uses_the_fixed_source_date_epoch(dockerfile):

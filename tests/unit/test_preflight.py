@@ -153,7 +153,7 @@ def test_every_committed_dockerfile_copies_only_files_that_exist():
     for tag, entry in ENTRIES.items():
         staged = context.stage(entry, Inputs(), root=Path("build/context"))
         names = preflight.copied_files(staged / "Dockerfile")
-        assert {"apt.lock", "torch.lock", "requirements.lock", "image.json"} <= set(names)
+        assert {"apt.lock", "torch.lock", "requirements.lock", "image.json", "compile-new.py", "torch-cuda.lock"} <= set(names)
         assert all((staged / name).exists() for name in names), tag
 
 
