@@ -120,7 +120,7 @@ def parse_blocks(text: str) -> dict[str, Block]:
 def cuda_libraries(torch_lock: str) -> str:
     """torch.lock's entries for NVIDIA's CUDA wheels, hashes included, in lock order, under a header that names no tag.
 
-    ~55 % of the torch layer's bytes: as a layer of their own, BuildKit hashes the two halves in parallel at export
+    ~60 % of the torch layer's bytes: as a layer of their own, BuildKit hashes the two layers in parallel at export
     (the export time goes with the largest layer), and entries whose torch pins the same CUDA libraries share it.
     """
     blocks = [b.text for b in parse_blocks(torch_lock).values() if b.name.startswith(CUDA_LIBRARY_PREFIXES)]

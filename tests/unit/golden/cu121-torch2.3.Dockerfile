@@ -72,8 +72,8 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG SOURCE_DATE_EPOCH=315532800
 # torch and what it needs, in two layers of their own: first its CUDA libraries (torch-cuda.lock: torch.lock's
 # nvidia-*/cuda-* entries, which the builder stages beside it; about half of the ~5 GB), then the whole torch.lock,
-# which installs the rest. BuildKit hashes layers in parallel when it exports the image, so two halves export in
-# about half the time of one; a registry serves them in parallel. Tags with the same base and torch share both
+# which installs the rest. BuildKit hashes layers in parallel when it exports the image, so the export takes as long
+# as the larger layer, not the whole; a registry serves them in parallel. Tags with the same base and torch share both
 # layers; with the same base and the same CUDA libraries pinned (another torch), the first.
 RUN --mount=type=cache,id=uv-cache,target=/var/cache/uv,sharing=shared \
     --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/usr/local/bin/uv \
