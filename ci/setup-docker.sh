@@ -4,14 +4,48 @@
 #   (debootstrap, Debian's docker-registry, htpasswd), and each base image BASE (name:tag) —
 #   pulled by its DIGEST where a registry is reachable, else made locally with debootstrap (Debian bases).
 # Usage: ci/setup-docker.sh BASE[@sha256:DIGEST]...   (one argument per base; CI passes every `ci: true` entry's)
+# DOCKER_ENGINE picks the engine started when none answers:
+#   debian (default)  the host's docker.io (Debian 12: 20.10, BuildKit embedded in its client)
+#   modern            Docker 26 + buildx + the containerd image store, what Docker's own packages give users:
+#                     Debian 13's docker.io, docker-cli, docker-buildx and containerd unpacked under
+#                     MODERN_DOCKER (default /opt/docker-modern); runc stays the host's (Debian 13's needs
+#                     glibc 2.38). The builder then uses `docker buildx build`.
 set -euo pipefail
 [ $# -gt 0 ] || { echo "usage: ci/setup-docker.sh BASE_NAME:TAG[@sha256:DIGEST]..." >&2; exit 2; }
 log() { printf '▶ %s\n' "$*" >&2; }
 
 # Debian's docker client (20.10) still embeds BuildKit; a newer client without the buildx plugin refuses.
 docker_bin=/usr/bin/docker
+engine="${DOCKER_ENGINE:-debian}"
+modern="${MODERN_DOCKER:-/opt/docker-modern}"
+case "$engine" in
+  debian|modern) ;;
+  *) echo "error: DOCKER_ENGINE=$engine: use debian (the host's docker.io) or modern (Docker 26 + buildx)" >&2; exit 2 ;;
+esac
+is_modern() { [[ "$1" =~ ^(2[6-9]|[3-9][0-9])\. ]]; }
+# The version of the engine answering now, through any client here (none: empty).
+answering() {
+  local c
+  for c in "$modern/usr/bin/docker" /usr/bin/docker docker; do
+    command -v "$c" >/dev/null 2>&1 && "$c" version --format '{{.Server.Version}}' 2>/dev/null && return 0
+  done
+  return 0
+}
+if [ "$engine" = modern ]; then
+  # Refuse before installing anything: an older engine already holds the socket, and we never stop one.
+  running=$(answering)
+  if [ -n "$running" ] && ! is_modern "$running"; then
+    echo "error: DOCKER_ENGINE=modern, but Docker $running answers already: stop it, then re-run (nothing was installed)" >&2
+    exit 3
+  fi
+fi
 need=()
-command -v dockerd >/dev/null || need+=(docker.io)
+if [ "$engine" = modern ]; then
+  command -v runc >/dev/null || need+=(runc)
+  docker_bin="$modern/usr/bin/docker"
+else
+  command -v dockerd >/dev/null || need+=(docker.io)
+fi
 command -v debootstrap >/dev/null || need+=(debootstrap)
 [ -x /usr/bin/docker-registry ] || need+=(docker-registry)
 command -v htpasswd >/dev/null || need+=(apache2-utils)
@@ -22,14 +56,32 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
+dockerd_argv=(dockerd)
+if [ "$engine" = modern ]; then
+  if ! "$modern/usr/sbin/dockerd" --version 2>/dev/null | grep -qE 'version (2[6-9]|[3-9][0-9])\.'; then
+    # shellcheck source=ci/trixie-apart.sh
+    . "$(dirname "$0")/trixie-apart.sh"
+    trixie_update
+    trixie_unpack "$modern" docker.io docker-cli docker-buildx containerd
+  fi
+  # Any docker client finds buildx here (a plugin directory every client searches).
+  mkdir -p /usr/local/lib/docker/cli-plugins
+  ln -sfn "$modern/usr/libexec/docker/cli-plugins/docker-buildx" /usr/local/lib/docker/cli-plugins/docker-buildx
+  printf '%s\n' '{"features": {"containerd-snapshotter": true}}' > "$modern/daemon.json"
+  # Its own containerd, shim and docker-proxy first on PATH; runc is the host's.
+  dockerd_argv=(env "PATH=$modern/usr/sbin:$modern/usr/bin:$PATH" "$modern/usr/sbin/dockerd"
+                --config-file "$modern/daemon.json")
+fi
+
 if ! "$docker_bin" info >/dev/null 2>&1; then
-  log "starting dockerd (log: /tmp/dockerd.log)"
+  log "starting ${dockerd_argv[*]} (log: /tmp/dockerd.log)"
   # setsid: the engine must outlive this script (make runs each recipe line in its own shell).
-  setsid dockerd >/tmp/dockerd.log 2>&1 < /dev/null &
+  setsid "${dockerd_argv[@]}" >/tmp/dockerd.log 2>&1 < /dev/null &
   for _ in $(seq 1 60); do "$docker_bin" info >/dev/null 2>&1 && break; sleep 1; done
   "$docker_bin" info >/dev/null 2>&1 || { echo "error: dockerd did not start; see /tmp/dockerd.log" >&2; exit 3; }
 fi
-log "docker engine $("$docker_bin" version --format '{{.Server.Version}}') ready"
+server=$("$docker_bin" version --format '{{.Server.Version}}')
+log "docker engine $server ready ($("$docker_bin" info --format '{{.Driver}}') storage)"
 
 provide_base() {  # $1 = name:tag, $2 = sha256:digest or empty
   local base="$1" digest="$2" root suite

@@ -18,7 +18,8 @@ MIRROR_FLAGS = ("--base-image", BASE_MIRROR, "--apt-mirror", "http://deb.debian.
                 "--flash-attn-mirror", "http://127.0.0.1:9/flash-attn")
 # The CUDA 12 line CI builds and gates: Debian 12, Python 3.11, nvcc from Debian 13 .debs unpacked in the ops stage.
 CI_TAG_CUDA12 = "cu124-torch2.6-bookworm"
-DOCKER = "/usr/bin/docker"
+# The client the tests call directly: the one the builder is told to use, else Debian's (BuildKit built in).
+DOCKER = os.environ.get("BUILDER_DOCKER", "/usr/bin/docker")
 
 
 def docker_available() -> bool:
