@@ -112,7 +112,7 @@ def run(entry: Entry, options: Options) -> Done:
         "builder_version": builder.__version__, "base": base,
         "versions": found.get("versions"), "torch_cuda": found.get("torch_cuda"),
         "verification": mismatches or "ok", "source_date_epoch": buildkit.ZIP_EPOCH,  # what the steps used
-        "docker": {"binary": engine.client().binary, "mode": engine.client().mode},
+        "docker": engine.describe(),
     }
     reports.write(entry.tag, NAME, report)
     if mismatches:

@@ -41,6 +41,12 @@ def test_image_is_built_and_verified(ci_build):
     # uv's install lines (` + torch==2.13.0`): torch was installed by this build, not taken from a layer cache.
     assert re.search(r"^\s*#\d+ [\d.]+\s+\+ torch==2\.13\.0$", ci_build["log"], flags=re.M)
     assert reports.problems("build", report) == [], "the real build report must match builder/schemas/build"
+    # What built it, as the provenance says it: the engine that answers here and its image store.
+    server = json.loads(subprocess.run([DOCKER, "info", "--format", "{{json .}}"], capture_output=True, text=True,
+                                       check=True).stdout)
+    assert report["docker"]["engine"] == server["ServerVersion"]
+    containerd = "io.containerd.snapshotter" in json.dumps(server.get("DriverStatus"))
+    assert report["docker"]["image_store"] == ("containerd" if containerd else "classic")
 
 
 def test_torch_and_its_cuda_libraries_are_two_layers_of_comparable_size(ci_build):

@@ -121,3 +121,20 @@ def test_reports_dir_option(project, tmp_path, monkeypatch):
     assert FULL not in (project / "IMAGES.md").read_text()  # build/reports is empty here
     assert run_cli("catalog", "--reports", str(elsewhere)) == 0
     assert FULL in (project / "IMAGES.md").read_text()
+
+
+def test_the_engine_that_built_the_image_is_named(project):
+    write_reports()
+    docker = {"binary": "docker", "mode": "buildx", "engine": "26.1.5+dfsg1", "image_store": "containerd"}
+    report = reports.read(TAG, "build")
+    reports.write(TAG, "build", {**report, "docker": docker})
+    assert run_cli("catalog") == 0
+    md = (project / "IMAGES.md").read_text()
+    assert "- built with: Docker `26.1.5+dfsg1` (buildx, containerd image store)" in md
+    entry = next(i for i in json.loads((project / "images.json").read_text())["images"] if i["tag"] == TAG)
+    assert entry["built_with"] == docker
+    # A build of another image (the published one came from an earlier build) does not speak for it.
+    reports.write(TAG, "build", {**report, "image_id": "sha256:" + "9" * 64,
+                                 "docker": {**docker, "engine": "20.10.24+dfsg1", "mode": "legacy"}})
+    assert run_cli("catalog") == 0
+    assert "built with:" not in (project / "IMAGES.md").read_text()
