@@ -14,6 +14,7 @@ from packageurl import PackageURL
 
 import builder
 from builder.errors import StepFailed
+from builder.model import proof
 
 SBOM_TYPE = "application/spdx+json"
 PROVENANCE_TYPE = "application/vnd.in-toto+json"
@@ -269,6 +270,7 @@ def summary(sbom_doc: dict | None, statement: dict | None, digest: str) -> list[
         pred = statement.get("predicate", {})
         params = pred.get("buildDefinition", {}).get("externalParameters", {})
         run = pred.get("runDetails", {})
+        internal = pred.get("buildDefinition", {}).get("internalParameters", {})
         gate = next((b.get("annotations", {}) for b in run.get("byproducts", []) if b.get("name") == "smoke-gate"),
                     {})
         level = gate.get("level") or {}
@@ -277,7 +279,8 @@ def summary(sbom_doc: dict | None, statement: dict | None, digest: str) -> list[
         lines.append("provenance: bound to this digest; built by "
                      f"{run.get('builder', {}).get('id')} from {params.get('source', {}).get('uri')}@"
                      f"{str(params.get('source', {}).get('revision'))[:12]} (tag {params.get('tag')}, builder "
-                     f"{pred.get('buildDefinition', {}).get('internalParameters', {}).get('builder_version')})")
+                     f"{internal.get('builder_version')})" + (f" with {proof.engine_phrase(internal.get('docker'))}"
+                                                              if proof.engine_phrase(internal.get("docker")) else ""))
         lines.append(f"gate: {'passed' if gate.get('passed') else 'NOT passed'} on {where} "
                      f"({gate.get('finished_at')})")
         audit = next((b.get("annotations", {}) for b in run.get("byproducts", [])

@@ -46,3 +46,14 @@ def phrase(entry: Entry, known: dict[str, dict]) -> str:
     found = known.get(entry.tag) or {"gate": "none", "date": None}
     built = "CI build" if entry.ci else "not built by CI"
     return f"{built}, gate {found['gate']}" + (f" ({found['date']})" if found.get("date") else "")
+
+
+def engine_phrase(docker) -> str:
+    """`Docker 26.1.5 (buildx, containerd image store)`: what built an image, from its build report's or provenance's
+    `docker` object; "" where it names no engine (reports written before builds recorded it)."""
+    if not isinstance(docker, dict) or not docker.get("engine"):
+        return ""
+    how = "buildx" if docker.get("mode") == "buildx" else "legacy docker build, BuildKit"
+    store = docker.get("image_store")
+    store = f", {store} image store" if store in ("containerd", "classic") else ""
+    return f"Docker {str(docker['engine'])[:40]} ({how}{store})"

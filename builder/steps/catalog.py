@@ -141,17 +141,6 @@ def _smoke_cell(s: dict) -> str:
     return f"{mark} {s['verdict']} ({_md(s.get('level_text'))}, {_md(s.get('date'))})"
 
 
-def _built_with(docker) -> str:
-    """`Docker 26.1.5 (buildx, containerd image store)` as Markdown: the engine of the build report, where it says
-    one (the version as a code span or escaped; the rest is our own words)."""
-    if not isinstance(docker, dict) or not docker.get("engine"):
-        return ""
-    how = "buildx" if docker.get("mode") == "buildx" else "legacy docker build, BuildKit"
-    store = docker.get("image_store")
-    store = f", {store} image store" if store in ("containerd", "classic") else ""
-    return f"Docker {_code(docker['engine'])} ({how}{store})"
-
-
 def render_markdown(records: list[dict], source: str) -> str:
     rows = [[_code(r["tag"]), _code(r["published"]["full_tag"]) if r["published"] else "not published",
              f"{_code(str(r['published']['digest'])[:19])}…" if r["published"] else "—", _gb(r["size_bytes"]),
@@ -189,8 +178,8 @@ def render_markdown(records: list[dict], source: str) -> str:
         lines.append(f"- smoke: {_smoke_cell(s)}" + (f": {figures}" if figures else ""))
         lines.append(f"- proven: {'built by our CI in every run' if r['ci_builds'] else 'not built by our CI'}; "
                      f"gate {_md(s.get('level_text', 'none'))}")
-        if _built_with(r.get("built_with")):
-            lines.append(f"- built with: {_built_with(r['built_with'])}")
+        if proof.engine_phrase(r.get("built_with")):
+            lines.append(f"- built with: {_md(proof.engine_phrase(r['built_with']))}")
         for line in r["lock_exceptions"]:
             lines.append(f"- lock exception (declared in matrix.yaml): {_md(line)}")
         if r["exceptions"]:

@@ -130,7 +130,7 @@ def test_the_engine_that_built_the_image_is_named(project):
     reports.write(TAG, "build", {**report, "docker": docker})
     assert run_cli("catalog") == 0
     md = (project / "IMAGES.md").read_text()
-    assert "- built with: Docker `26.1.5+dfsg1` (buildx, containerd image store)" in md
+    assert r"- built with: Docker 26.1.5+dfsg1 \(buildx, containerd image store\)" in md
     entry = next(i for i in json.loads((project / "images.json").read_text())["images"] if i["tag"] == TAG)
     assert entry["built_with"] == docker
     # A build of another image (the published one came from an earlier build) does not speak for it.

@@ -105,11 +105,11 @@ def stored_beside(monkeypatch, *docs: tuple[str, dict]) -> None:
     monkeypatch.setattr(registry, "referrer_payload", lambda repo, d, digest: payloads[d["digest"]])
 
 
-def docs_for(digest: str) -> tuple[tuple[str, dict], tuple[str, dict]]:
+def docs_for(digest: str, build: dict | None = None) -> tuple[tuple[str, dict], tuple[str, dict]]:
     sbom = attestations.sbom("t", "reg.example/t", digest, {}, "now", {"ID": "debian", "VERSION_ID": "12"})
     statement = attestations.provenance(
         repository="reg.example/t", digest=digest, entry={"tag": "t"}, locks={}, source={"uri": "u", "revision": "r"},
-        build={}, gate={"passed": True, "level": {"kind": "gpu", "gpu_count": 8, "gpu_model": "H100"}},
+        build=build or {}, gate={"passed": True, "level": {"kind": "gpu", "gpu_count": 8, "gpu_model": "H100"}},
         builder_id="https://ci.example/run/1", started=None, finished="now")
     return (attestations.SBOM_TYPE, sbom), (attestations.PROVENANCE_TYPE, statement)
 
@@ -119,6 +119,14 @@ def test_verify_shows_attestations_that_name_this_image(monkeypatch):
     found = hostverify.attestations_of(f"reg.example/t@{IMG}", None, strict=True)
     assert found["sbom"] and found["provenance"] and found["problem"] is None
     assert found["lines"][0].startswith("provenance: bound to this digest; built by https://ci.example/run/1")
+    assert " with Docker" not in found["lines"][0]  # a build report that named no engine: nothing made up
+
+
+def test_verify_names_the_engine_the_provenance_records(monkeypatch):
+    docker = {"binary": "docker", "mode": "legacy", "engine": "20.10.24+dfsg1", "image_store": "classic"}
+    stored_beside(monkeypatch, *docs_for(IMG, {"docker": docker}))
+    line = hostverify.attestations_of(f"reg.example/t@{IMG}", None)["lines"][0]
+    assert line.endswith(" with Docker 20.10.24+dfsg1 (legacy docker build, BuildKit, classic image store)")
 
 
 def test_verify_ignores_another_images_attestations_and_uses_the_bound_ones(monkeypatch):
