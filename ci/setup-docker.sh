@@ -31,6 +31,7 @@ answering() {
   done
   return 0
 }
+running=""
 if [ "$engine" = modern ]; then
   # Refuse before installing anything: an older engine already holds the socket, and we never stop one.
   running=$(answering)
@@ -40,7 +41,11 @@ if [ "$engine" = modern ]; then
   fi
 fi
 need=()
-if [ "$engine" = modern ]; then
+if [ -n "$running" ]; then
+  # A modern engine runs already (the user's own, or ours from an earlier run): used as it is, nothing installed
+  # beside it (our buildx linked into /usr/local would shadow a newer one of theirs).
+  docker_bin=$(command -v docker || echo "$modern/usr/bin/docker")
+elif [ "$engine" = modern ]; then
   command -v runc >/dev/null || need+=(runc)
   docker_bin="$modern/usr/bin/docker"
 else
@@ -56,9 +61,11 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
+dockerd_bin=dockerd
 dockerd_argv=(dockerd)
-if [ "$engine" = modern ]; then
-  if ! "$modern/usr/sbin/dockerd" --version 2>/dev/null | grep -qE 'version (2[6-9]|[3-9][0-9])\.'; then
+if [ "$engine" = modern ] && [ -z "$running" ]; then
+  # `Docker version 26.1.5+dfsg1, build 411e817`: reinstalled unless ours is there and 26 or newer.
+  if ! is_modern "$("$modern/usr/sbin/dockerd" --version 2>/dev/null | sed -n 's/^Docker version \([^,]*\),.*/\1/p')"; then
     # shellcheck source=ci/trixie-apart.sh
     . "$(dirname "$0")/trixie-apart.sh"
     trixie_update
@@ -69,12 +76,13 @@ if [ "$engine" = modern ]; then
   ln -sfn "$modern/usr/libexec/docker/cli-plugins/docker-buildx" /usr/local/lib/docker/cli-plugins/docker-buildx
   printf '%s\n' '{"features": {"containerd-snapshotter": true}}' > "$modern/daemon.json"
   # Its own containerd, shim and docker-proxy first on PATH; runc is the host's.
-  dockerd_argv=(env "PATH=$modern/usr/sbin:$modern/usr/bin:$PATH" "$modern/usr/sbin/dockerd"
+  dockerd_bin="$modern/usr/sbin/dockerd"
+  dockerd_argv=(env "PATH=$modern/usr/sbin:$modern/usr/bin:$PATH" "$dockerd_bin"
                 --config-file "$modern/daemon.json")
 fi
 
 if ! "$docker_bin" info >/dev/null 2>&1; then
-  log "starting ${dockerd_argv[*]} (log: /tmp/dockerd.log)"
+  log "starting $dockerd_bin (log: /tmp/dockerd.log)"
   # setsid: the engine must outlive this script (make runs each recipe line in its own shell).
   setsid "${dockerd_argv[@]}" >/tmp/dockerd.log 2>&1 < /dev/null &
   for _ in $(seq 1 60); do "$docker_bin" info >/dev/null 2>&1 && break; sleep 1; done

@@ -186,8 +186,7 @@ def cache_support() -> CacheSupport:
     driver = found.group(1) if found else "unknown"
     if driver in ("docker-container", "kubernetes", "remote"):
         return CacheSupport("registry", "")
-    if driver == "docker" and "io.containerd.snapshotter" in _probe(
-            [client.binary, "info", "--format", "{{json .DriverStatus}}"]):
+    if driver == "docker" and engine.image_store() == "containerd":
         return CacheSupport("registry", "")
     return CacheSupport("read", f"buildx's `{driver}` driver cannot export a registry cache (it can read one); "
                                 "`docker buildx create --use --driver docker-container`, or the containerd image "

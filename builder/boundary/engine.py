@@ -170,13 +170,20 @@ def info() -> dict:
     return found
 
 
+def image_store(found: dict | None = None) -> str:
+    """"containerd" where the engine keeps images in containerd's store (its export compresses layers: minutes for a
+    CUDA image; buildx's default driver can export a registry cache), else "classic" (a graph driver)."""
+    found = info() if found is None else found
+    return "containerd" if "io.containerd.snapshotter" in str(found.get("DriverStatus")) else "classic"
+
+
 def describe() -> dict:
     """What builds here, for a build report and its provenance: the client and how it builds, the engine's version
-    and its image store ("containerd": layers are compressed on export, minutes for a CUDA image; "classic")."""
+    and its image store."""
     found = info()
     c = client()
     return {"binary": c.binary, "mode": c.mode, "engine": str(found.get("ServerVersion") or "unknown"),
-            "image_store": "containerd" if "io.containerd.snapshotter" in str(found.get("DriverStatus")) else "classic"}
+            "image_store": image_store(found)}
 
 
 def run_cli(argv: list[str], mask: tuple[str, ...] = (), timeout: int | None = None, stream: bool = True,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -192,7 +193,7 @@ def test_a_cache_ref_that_is_not_a_plain_reference_is_exit_2_before_any_engine(p
 
 # --- the registry build cache: probed, never assumed -------------------------------------------------------
 
-PROBES = {  # (buildx inspect, docker info DriverStatus) -> what the builder can do with a registry cache
+PROBES = {  # (buildx inspect, the engine's DriverStatus) -> what the builder can do with a registry cache
     ("Name: ci\nDriver: docker-container\n", ""): "registry",
     ("Name: default\nDriver: docker\n", '[["driver-type","io.containerd.snapshotter.v1"]]'): "registry",
     ("Name: default\nDriver: docker\n", '[["Backing Filesystem","extfs"],["Supports d_type","true"]]'): "read",
@@ -204,7 +205,8 @@ PROBES = {  # (buildx inspect, docker info DriverStatus) -> what the builder can
 def test_the_cache_the_builder_uses_is_what_its_driver_supports(monkeypatch, answers, mode):
     inspect, info = answers
     monkeypatch.setattr(engine, "client", lambda: engine.Client("/usr/bin/docker", "buildx"))
-    monkeypatch.setattr(buildkit, "_probe", lambda argv: inspect if "inspect" in argv else info)
+    monkeypatch.setattr(buildkit, "_probe", lambda argv: inspect)
+    monkeypatch.setattr(engine, "info", lambda: {"DriverStatus": json.loads(info) if info else None})
     buildkit.cache_support.cache_clear()
     try:
         support = buildkit.cache_support()
