@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
+from tests.integration import diskwatch
 from tests.integration.images import (
     BASE_MIRROR,
     CI_TAG,
@@ -19,6 +20,35 @@ from tests.integration.images import (
     canary_bundle,
     docker_available,
 )
+
+# --- disk: one CI image's build at a time ----------------------------------------------------------------
+# A CI image costs ~25 GB of engine disk while it builds (layers, build cache, export). The CUDA 12 image's
+# tests run first; then that image and the whole build cache go (the CUDA 13 image is built with --no-cache
+# anyway), so the CUDA 13 build and everything after it never share the disk with it.
+
+def pytest_collection_modifyitems(config, items):
+    first = [item for item in items if item.get_closest_marker("cuda12_image")]
+    items[:] = first + [item for item in items if not item.get_closest_marker("cuda12_image")]
+
+
+def pytest_runtest_teardown(item, nextitem):
+    # Only when more tests follow: a developer running just these keeps the image.
+    if item.get_closest_marker("cuda12_image") and nextitem and not nextitem.get_closest_marker("cuda12_image"):
+        subprocess.run([DOCKER, "rmi", "-f", f"ghcr.io/train-images/train:{CI_TAG_CUDA12}"], capture_output=True,
+                       timeout=300)
+        subprocess.run([DOCKER, "builder", "prune", "-af"], capture_output=True, timeout=600)
+
+
+def pytest_runtest_logstart(nodeid, location):
+    diskwatch.start(DOCKER)
+    diskwatch.running(nodeid)
+
+
+@pytest.hookimpl(trylast=True)  # after the failures and the -ra list: the last lines a CI log shows
+def pytest_terminal_summary(terminalreporter):
+    line = diskwatch.summary()
+    if line:
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")

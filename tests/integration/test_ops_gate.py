@@ -49,6 +49,7 @@ def test_cuda13_ops_are_prebuilt_and_load_without_a_compiler(ci_build, tmp_path)
     assert_ops_prebuilt(one_check(IMAGE, "ops", tmp_path), CI_TAG)
 
 
+@pytest.mark.cuda12_image
 def test_cuda12_gate_passes(ci_build_cuda12):
     """The CUDA 12 entry (Debian 12, Python 3.11; nvcc 12.4 from Debian 13's .debs, unpacked) through the whole
     gate, as CI gates it."""
