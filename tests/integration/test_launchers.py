@@ -24,6 +24,7 @@ LAUNCHERS = {
     # --use_deepspeed: without it (and with no GPU) accelerate launch starts one process whatever --num_processes says.
     "accelerate": ["accelerate", "launch", "--use_deepspeed", "--num_processes", "2", *JOB],
 }
+EXIT_ABORT = "terminate called without an active exception"
 # What the runs left, listed after the second exits (the container's /tmp goes with it), and what DeepSpeed
 # JIT-built into the torch-extensions directory: nothing, its CPU-accelerator ops are prebuilt in the image.
 LISTING = ("; rc=$?; echo \"jit-built: [$(ls -A /tmp/torch-ext 2>/dev/null | tr '\\n' ' ')]\"; "
@@ -40,7 +41,10 @@ def test_the_trainer_job_resumes_and_consolidates_under_each_launcher(launcher, 
                            "-e", "TORCH_EXTENSIONS_DIR=/tmp/torch-ext",
                            IMAGE, "sh", "-c", command], capture_output=True, text=True, timeout=900)
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"{launcher}: exit {proc.returncode}\n{out[-6000:]}"
+    # A known upstream crash, named when it is the cause (it still fails: the exit status is what users get).
+    why = ("\na rank aborted at interpreter exit after its work was done: a gloo worker freeing tensors while Python"
+           " finalizes (pytorch/pytorch#190489, docs/training.md)") if EXIT_ABORT in out else ""
+    assert proc.returncode == 0, f"{launcher}: exit {proc.returncode}{why}\n{out[-6000:]}"
     assert "rank 1/2 done: ok" in proc.stdout, out[-6000:]
     for phase in ("train", "resume"):
         assert f"\u2713 trainer {phase} [cpu]" in proc.stdout, out[-6000:]
