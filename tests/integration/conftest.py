@@ -19,6 +19,8 @@ from tests.integration.images import (
     MIRROR_FLAGS,
     canary_bundle,
     docker_available,
+    prune_build_cache,
+    remove_images,
 )
 
 # --- disk: one CI image's build at a time ----------------------------------------------------------------
@@ -34,9 +36,8 @@ def pytest_collection_modifyitems(config, items):
 def pytest_runtest_teardown(item, nextitem):
     # Only when more tests follow: a developer running just these keeps the image.
     if item.get_closest_marker("cuda12_image") and nextitem and not nextitem.get_closest_marker("cuda12_image"):
-        subprocess.run([DOCKER, "rmi", "-f", f"ghcr.io/train-images/train:{CI_TAG_CUDA12}"], capture_output=True,
-                       timeout=300)
-        subprocess.run([DOCKER, "builder", "prune", "-af"], capture_output=True, timeout=600)
+        remove_images(f"ghcr.io/train-images/train:{CI_TAG_CUDA12}")
+        prune_build_cache()
 
 
 def pytest_runtest_logstart(nodeid, location):

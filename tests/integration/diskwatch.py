@@ -22,16 +22,18 @@ class DiskWatch:
         self.root = self._root(docker)
         self.current = "(collection)"
         self.start = self.least = self._free()
-        self.least_during = self.current
+        self.least_during: str | None = None  # the test running at the lowest point
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="diskwatch", daemon=True)
         self._thread.start()
 
     @staticmethod
     def _root(docker: str) -> str:
-        proc = subprocess.run([docker, "info", "-f", "{{.DockerRootDir}}"], capture_output=True, text=True,
-                              timeout=30, check=False)
-        root = proc.stdout.strip()
+        try:
+            root = subprocess.run([docker, "info", "-f", "{{.DockerRootDir}}"], capture_output=True, text=True,
+                                  timeout=30, check=False).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):  # no client or no engine: watch /, never fail a test run
+            root = ""
         while root and not os.path.exists(root):  # not made yet: the file system it will be on
             root = os.path.dirname(root)
         return root or "/"
@@ -48,8 +50,9 @@ class DiskWatch:
     def summary(self) -> str:
         self._stop.set()
         end = self._free()
+        during = f"during {self.least_during}" if self.least_during else "never below the start"
         return (f"disk ({self.root}): {self.start:.1f} GB free at the start, least {self.least:.1f} GB "
-                f"(during {self.least_during}), {end:.1f} GB at the end; peak use "
+                f"({during}), {end:.1f} GB at the end; peak use "
                 f"{self.start - self.least:.1f} GB")
 
 

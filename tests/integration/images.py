@@ -33,6 +33,16 @@ def docker_available() -> bool:
         return False
 
 
+def remove_images(*refs: str) -> None:
+    """Untag and delete images a test no longer needs (absent ones are fine): the suite's disk, not a check."""
+    subprocess.run([DOCKER, "rmi", "-f", *refs], capture_output=True, timeout=300)
+
+
+def prune_build_cache() -> None:
+    """Drop the whole BuildKit cache (a no-cache build needs none of it; multi-GB per CI image)."""
+    subprocess.run([DOCKER, "builder", "prune", "-af"], capture_output=True, timeout=600)
+
+
 def canary_bundle(directory: Path) -> tuple[Path, str]:
     """The host CA bundle plus a freshly generated certificate nobody else has: its bytes must never
     appear in the image, its history or the logs, although pip reads the bundle during the build."""

@@ -34,7 +34,8 @@ def test_dev_requirements_install_on(version, tmp_path):
 
 
 def test_dev_requirements_are_the_compiled_input(tmp_path):
-    """The .txt is what `uv pip compile --universal` makes of the .in (no hand edits, nothing missing or extra).
+    """The .txt holds exactly what `uv pip compile --universal` makes of the .in: nothing missing, extra or outside
+    what the .in allows.
 
     uv starts from the committed pins: a dependency's newer release on PyPI is not drift
     (the .txt moves when someone re-compiles it with --upgrade); a pin the .in no longer allows or needs is."""

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
 from builder import reports
 from builder.steps import repro
 from tests.conftest import ROOT, run_cli
-from tests.integration.images import CI_TAG, DOCKER, MIRROR_FLAGS, build_small
+from tests.integration.images import CI_TAG, MIRROR_FLAGS, build_small, prune_build_cache, remove_images
 from tests.unit.test_repro import PLANTED
 
 
@@ -36,12 +35,11 @@ def test_real_repro_of_the_ci_entry(ci_build, monkeypatch):
     if not ci_build["fast"]:
         # The rebuild uses no cache, and no later test builds the CI entry again: the cache goes first, so the
         # suite's disk peak (two CI images beside each other, here) does not also hold it (~10 GB).
-        subprocess.run([DOCKER, "builder", "prune", "-af"], capture_output=True, timeout=600)
+        prune_build_cache()
     try:
         assert run_cli("--matrix", str(ROOT / "matrix.yaml"), "repro", CI_TAG, *MIRROR_FLAGS) == 0
     finally:
-        subprocess.run([DOCKER, "rmi", "-f", f"ghcr.io/train-images/train:{CI_TAG}-repro"], capture_output=True,
-                       timeout=300)
+        remove_images(f"ghcr.io/train-images/train:{CI_TAG}-repro")
     report = json.loads((ROOT / "build/reports" / f"{CI_TAG}.repro.json").read_text())
     assert reports.problems("repro", report) == []
     assert report["result"] == "reproducible", json.dumps(report["unexplained"][:20], indent=1)
