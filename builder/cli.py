@@ -8,7 +8,6 @@ Nothing under builder/ imports this module (tests/unit/test_layering.py keeps it
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import importlib
 import os
@@ -17,31 +16,44 @@ import sys
 import threading
 from pathlib import Path
 
-from builder import fsutil, log, runner
+from builder import flags, fsutil, log, runner
 from builder.errors import BuilderError, Terminated
 from builder.model import compat, matrix
-from builder.model.inputs import Inputs
-from builder.steps import STEPS, TOOLS, VERBS
+from builder.steps import VERBS, Verb
 
 
 def options_from(args: argparse.Namespace, cls):
-    """The step's frozen options from the parsed arguments: argparse objects stop here. A step's `inputs`
-    field is the one Inputs object (builder/model/inputs.py), built here once from the same flags."""
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
-    if any(f.name == "inputs" for f in dataclasses.fields(cls)):
-        values["inputs"] = options_from(args, Inputs)
-    return cls(**values)
+    """The verb's frozen options from the parsed arguments: argparse objects stop here. A nested field (a
+    step's `inputs`, builder/model/inputs.py) is built here once from the same flags."""
+    return flags.values(cls, lambda name: getattr(args, name))
 
 
-def run_step(module, args, m: matrix.Matrix) -> int:
-    entries = matrix.choose(m, args.tags, args.all, default_all=module.DEFAULT_ALL)
+def add_flags(p: argparse.ArgumentParser, cls) -> None:
+    """The arguments the fields of `cls` declare (builder/flags.py), in field order."""
+    groups: dict[str, argparse._MutuallyExclusiveGroup] = {}
+    for name, flag in flags.declared(cls):
+        if flag.exclusive and flag.exclusive not in groups:
+            groups[flag.exclusive] = p.add_mutually_exclusive_group()
+        into = groups[flag.exclusive] if flag.exclusive else p
+        kwargs = {**flag.kwargs, **({"default": flag.default_from()} if flag.default_from else {})}
+        if flag.names:
+            into.add_argument(*flag.names, dest=name, **kwargs)
+        else:
+            into.add_argument(name, **kwargs)
+        if flag.negation:
+            into.add_argument(flag.negation[0], dest=name, action="store_false", help=flag.negation[1])
+
+
+def run_step(verb: Verb, module, args, m: matrix.Matrix) -> int:
+    selection = options_from(args, matrix.Selection)
+    entries = matrix.choose(m, selection.tags, selection.all, default_all=verb.default_all)
     # Steps that make an image also need the recipe to cover the entry: what it cannot build is exit 3.
-    compat.require(entries, recipe=module.NAME in compat.RECIPE_STEPS)
+    compat.require(entries, recipe=verb.name in compat.RECIPE_STEPS)
     options = options_from(args, module.Options)
     options = module.prepare(entries, options) or options  # prepare may fill in what it read (a password)
     # A step that only reads (lock --check) says so: it takes no per-tag lock (runner.py).
     locked = getattr(module, "needs_tag_lock", lambda _options: True)(options)
-    outcomes = runner.run(module.NAME, entries, lambda entry: module.run(entry, options), lock=locked)
+    outcomes = runner.run(verb.name, entries, lambda entry: module.run(entry, options), lock=locked)
     for outcome in outcomes:
         if outcome.error is not None:
             _print_error(outcome.error, prefix="" if outcome.error.message.startswith(outcome.tag) else
@@ -49,30 +61,42 @@ def run_step(module, args, m: matrix.Matrix) -> int:
     return runner.exit_code(outcomes)
 
 
-def run_tool(module, args, m: matrix.Matrix | None) -> int:
+def run_tool(verb: Verb, module, args, m: matrix.Matrix | None) -> int:
     return module.main(options_from(args, module.Options), m)
 
 
 # --- parser ------------------------------------------------------------------------------------------------
 
 
+class _Parser(argparse.ArgumentParser):
+    """No abbreviated flags (`--password` must not pass for `--password-stdin`), and an unknown argument is
+    named without the values around it: a user who typed `--password S3cret` must not find it in a CI log."""
+
+    def __init__(self, **kwargs):
+        super().__init__(allow_abbrev=False, **kwargs)
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            flags_given = " ".join(a.split("=", 1)[0] for a in extras if a.startswith("-")) or "a value"
+            self.error(f"unrecognized arguments: {flags_given} (values not shown)")
+        return parsed
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m builder",
-                                     description="Build, gate and publish reproducible GPU training images.")
+    parser = _Parser(prog="python -m builder", description="Build, gate and publish reproducible GPU training images.")
     parser.add_argument("--matrix", default=os.environ.get("BUILDER_MATRIX", "matrix.yaml"),
                         help="matrix file (default: matrix.yaml)")
     parser.add_argument("-v", "--verbose", action="store_true", help="show tracebacks")
-    sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
-    for name in VERBS:
-        module = importlib.import_module(STEPS.get(name) or TOOLS[name])
-        step = name in STEPS
-        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
-        if step or issubclass(module.Options, matrix.Selection):
-            p.add_argument("tags", nargs="*", metavar="TAG", help="tags or globs (cu12*-torch2.*)")
-            p.add_argument("--all", action="store_true", help="every entry")
-        module.add_arguments(p)
-        p.set_defaults(handler=functools.partial(run_step if step else run_tool, module),
-                       needs_matrix=True if step else module.NEEDS_MATRIX)
+    sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB", parser_class=_Parser)
+    for verb in VERBS:
+        module = importlib.import_module(f"builder.steps.{verb.module}")
+        p = sub.add_parser(verb.name, help=verb.help, description=verb.help)
+        if verb.per_tag:  # a tool whose Options extends matrix.Selection declares the same two arguments itself
+            add_flags(p, matrix.Selection)
+        add_flags(p, module.Options)
+        p.set_defaults(handler=functools.partial(run_step if verb.per_tag else run_tool, verb, module),
+                       needs_matrix=True if verb.per_tag else verb.matrix)
     return parser
 
 

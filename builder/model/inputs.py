@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from builder.errors import UserError
+from builder.flags import arg, switch
 from builder.model import reference
 
 # Sensitive settings and the BuildKit secret id each travels under; never a build arg (visible in history).
@@ -27,11 +28,18 @@ _URL = re.compile(r"https?://[A-Za-z0-9.-]+(?::[0-9]{1,5})?(?:/[A-Za-z0-9._~%+-]
 class Inputs:
     """Everything besides dockerfiles/<tag>/, locks/<tag>/ and smoke/ that decides what a build fetches."""
 
-    local_base: bool = False
-    base_image: str | None = None
-    apt_mirror: str | None = None
-    flash_attn_mirror: str | None = None
-    ca_bundle: str | None = None
+    local_base: bool = switch("--local-base", help="prefer a local image named like the base (name:tag, no digest) "
+                                                   "when one exists; the substitution is recorded in labels and the "
+                                                   "report")
+    base_image: str | None = arg("--base-image", default=None, metavar="REF",
+                                 help="use this base reference instead (a mirror)")
+    apt_mirror: str | None = arg("--apt-mirror", default=None, metavar="URL",
+                                 help="apt mirror, e.g. http://mirror.local/debian")
+    flash_attn_mirror: str | None = arg(
+        "--flash-attn-mirror", default=None, metavar="URL",
+        help="a directory serving the flash-attn wheel files (their sha256 from the lock is still checked)")
+    ca_bundle: str | None = arg("--ca-bundle", default=None, metavar="PATH",
+                                help="extra CA bundle for pip inside the build (default: $PIP_CERT or $SSL_CERT_FILE)")
     # Filled in by `resolved` from the environment: the secrets BuildKit gets (never part of the input hash).
     secrets: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
@@ -62,14 +70,3 @@ def check(inputs: Inputs) -> None:
                         "e.g. mirror.local/nvidia/cuda:12.4.1-runtime-ubuntu22.04 or NAME@sha256:DIGEST")
 
 
-def add_arguments(p) -> None:
-    """The flags that choose a build's inputs: build, repro and lock take the same ones."""
-    p.add_argument("--local-base", action="store_true",
-                   help="prefer a local image named like the base (name:tag, no digest) when one exists; "
-                        "the substitution is recorded in labels and the report")
-    p.add_argument("--base-image", metavar="REF", help="use this base reference instead (a mirror)")
-    p.add_argument("--apt-mirror", metavar="URL", help="apt mirror, e.g. http://mirror.local/debian")
-    p.add_argument("--ca-bundle", metavar="PATH",
-                   help="extra CA bundle for pip inside the build (default: $PIP_CERT or $SSL_CERT_FILE)")
-    p.add_argument("--flash-attn-mirror", metavar="URL",
-                   help="a directory serving the flash-attn wheel files (their sha256 from the lock is still checked)")

@@ -16,6 +16,7 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from builder.errors import MatrixError, UserError, mask
+from builder.flags import arg, switch
 from builder.model import budget, reference, yamlread
 
 DEFAULT_MATRIX = Path("matrix.yaml")
@@ -402,8 +403,8 @@ def select(matrix: Matrix, patterns: Sequence[str] | None) -> list[Entry]:
 class Selection:
     """The TAG.../--all arguments of a verb; a tool whose Options extends this gets them from the CLI."""
 
-    tags: tuple = ()
-    all: bool = False
+    tags: tuple = arg(nargs="*", default=(), metavar="TAG", help="tags or globs (cu12*-torch2.*)")
+    all: bool = switch("--all", help="every entry")
 
     def entries(self, matrix: Matrix) -> list[Entry]:
         return choose(matrix, self.tags, self.all)

@@ -23,38 +23,28 @@ from pathlib import Path
 from builder import fsutil, log, reports
 from builder.boundary import engine, inspect, vulndb
 from builder.errors import UserError
+from builder.flags import arg, switch
 from builder.model import audit, lockfile, paths, reference
 
-NAME = "audit"
-HELP = "known vulnerabilities of an image's packages, against waivers.yaml"
-NEEDS_MATRIX = "optional"  # a tag names its local image when a matrix is there; image references work without one
 OS_NOT_AUDITED = ("OS packages: not audited: no vulnerability database for them is reachable here (Debian's "
                   "security tracker and OSV are not); the weekly rebuild installs the archive's security updates")
 
 
+def max_severity():
+    """The --max-severity field, also publish's."""
+    return arg("--max-severity", default=None, choices=audit.LEVELS[:-1], metavar="LEVEL",
+               help=f"fail when an unwaived vulnerability is above LEVEL ({', '.join(audit.LEVELS[:-1])}); "
+                    "one with no recorded severity counts as above critical")
+
+
 @dataclass(frozen=True)
 class Options:
-    target: str
-    waivers: str = str(audit.DEFAULT_WAIVERS)
-    max_severity: str | None = None
-    json: str | None = None
-    lock: bool = False
-
-
-def add_arguments(p) -> None:
-    p.add_argument("target", metavar="TAG|IMAGE", help="a matrix tag (its local image) or an image reference")
-    p.add_argument("--waivers", default=str(audit.DEFAULT_WAIVERS), metavar="PATH",
-                   help="waivers and severities (default waivers.yaml)")
-    add_max_severity(p)
-    p.add_argument("--json", metavar="PATH", help="also write the verdict as JSON")
-    p.add_argument("--lock", action="store_true", help="audit what TAG's locks pin (locks/TAG/), not an image: "
-                   "no engine needed")
-
-
-def add_max_severity(p) -> None:
-    p.add_argument("--max-severity", choices=audit.LEVELS[:-1], metavar="LEVEL",
-                   help=f"fail when an unwaived vulnerability is above LEVEL ({', '.join(audit.LEVELS[:-1])}); "
-                        "one with no recorded severity counts as above critical")
+    target: str = arg(metavar="TAG|IMAGE", help="a matrix tag (its local image) or an image reference")
+    waivers: str = arg("--waivers", default=str(audit.DEFAULT_WAIVERS), metavar="PATH",
+                       help="waivers and severities (default waivers.yaml)")
+    max_severity: str | None = max_severity()
+    json: str | None = arg("--json", default=None, metavar="PATH", help="also write the verdict as JSON")
+    lock: bool = switch("--lock", help="audit what TAG's locks pin (locks/TAG/), not an image: no engine needed")
 
 
 def audit_image(image, waivers_path: str, max_severity: str | None, today: dt.date | None = None) -> dict:
@@ -121,7 +111,7 @@ def main(options: Options, m=None) -> int:
     for line in [f"not audited: {k} ({why})" for k, why in verdict["not_audited"].items()] + [verdict["os"]]:
         log.out(line)
     if tag:
-        reports.write(tag, NAME, verdict)
+        reports.write(tag, "audit", verdict)
     if options.json:
         fsutil.write_atomic(Path(options.json), json.dumps(verdict, indent=1, sort_keys=True))
     failed = audit.problems(verdict, options.waivers)

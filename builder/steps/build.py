@@ -9,35 +9,28 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import builder
 from builder import log, reports
 from builder.boundary import buildkit, engine, inspect
 from builder.errors import EnvironmentProblem, StepFailed, UserError
+from builder.flags import arg, nested, switch
 from builder.model import context, inputs, paths, reference
 from builder.model.matrix import Entry
 from builder.steps import Done, diff, preflight
 
-NAME = "build"
-HELP = "build images with BuildKit, verify them, write build reports"
-DEFAULT_ALL = False
+REPORT = "build"  # build/reports/<tag>.build.json
 
 
 @dataclass(frozen=True)
 class Options:
-    inputs: inputs.Inputs = field(default_factory=inputs.Inputs)
-    force: bool = False
-    no_cache: bool = False
-    cache_ref: str | None = None
-
-
-def add_arguments(p) -> None:
-    p.add_argument("--force", action="store_true", help="build even when this builder already built these inputs")
-    p.add_argument("--no-cache", action="store_true", help="no BuildKit layer cache (downloads stay cached)")
-    p.add_argument("--cache-ref", metavar="REF",
-                   help="registry build cache (e.g. ghcr.io/acme/train-cache:TAG); used where docker has buildx")
-    inputs.add_arguments(p)
+    force: bool = switch("--force", help="build even when this builder already built these inputs")
+    no_cache: bool = switch("--no-cache", help="no BuildKit layer cache (downloads stay cached)")
+    cache_ref: str | None = arg("--cache-ref", default=None, metavar="REF",
+                                help="registry build cache (e.g. ghcr.io/acme/train-cache:TAG); used where docker "
+                                     "has buildx")
+    inputs: inputs.Inputs = nested(inputs.Inputs)
 
 
 def prepare(entries: list[Entry], options: Options) -> Options:
@@ -54,7 +47,7 @@ def prepare(entries: list[Entry], options: Options) -> Options:
 
 def _check_cache_ref(ref: str | None) -> None:
     """The value goes into `--cache-from type=registry,ref=…`: a comma would add cache options of the user's own
-    (`type=local,dest=/anywhere`), so only a plain pushable reference (NAME[:TAG], no digest) is accepted."""
+    (`type=local,dest=/anywhere`), so only a plain pushable reference (REPORT[:TAG], no digest) is accepted."""
     if ref is None:
         return
     why = "a digest cannot be pushed to" if "@" in ref else reference.problem(ref)
@@ -64,7 +57,7 @@ def _check_cache_ref(ref: str | None) -> None:
 
 def _skippable(entry: Entry, digest: str) -> dict | None:
     """The previous report when this builder built exactly these inputs and that image is still here."""
-    previous = reports.read(entry.tag, NAME, required=False)
+    previous = reports.read(entry.tag, REPORT, required=False)
     if not previous or previous.get("result") not in ("built", "skipped") or previous.get("input_hash") != digest:
         return None
     image = engine.image_or_none(paths.image_ref(entry))
@@ -82,10 +75,10 @@ def run(entry: Entry, options: Options) -> Done:
                          no_cache=options.no_cache, cache_ref=options.cache_ref)
     digest = buildkit.input_hash(spec)
     # Read before this build replaces them: the images a size budget compares with (builder/model/budget.py).
-    baselines = [reports.read(entry.tag, s, required=False) for s in ("publish", NAME)]
+    baselines = [reports.read(entry.tag, s, required=False) for s in ("publish", REPORT)]
     previous = None if options.force else _skippable(entry, digest)
     if previous:
-        reports.write(entry.tag, NAME, {**previous, "result": "skipped", "reason": "this builder built these inputs",
+        reports.write(entry.tag, REPORT, {**previous, "result": "skipped", "reason": "this builder built these inputs",
                                         "duration_s": round(time.monotonic() - started, 1)})
         return Done("skipped", f"same input hash as the last build, {_gb(previous.get('size_bytes'))}")
     # Only a build that will run needs its sources: an unchanged matrix is skipped without touching the network.
@@ -97,7 +90,7 @@ def run(entry: Entry, options: Options) -> Done:
     base = {"ref": spec.base_ref, "substituted": spec.base_substituted, "image_id": spec.base_id}
     if code != 0:
         message, hint, environmental = buildkit.explain_failure(output)
-        reports.write(entry.tag, NAME, {"result": "failed", "error": message, "command": shown, "input_hash": digest,
+        reports.write(entry.tag, REPORT, {"result": "failed", "error": message, "command": shown, "input_hash": digest,
                                         "base": base, "duration_s": round(time.monotonic() - started, 1)})
         raise (EnvironmentProblem if environmental else StepFailed)(f"{entry.tag}: {message}", hint)
     with engine.answering("after the build"):
@@ -114,10 +107,10 @@ def run(entry: Entry, options: Options) -> Done:
         "verification": mismatches or "ok", "source_date_epoch": buildkit.ZIP_EPOCH,  # what the steps used
         "docker": engine.describe(),
     }
-    reports.write(entry.tag, NAME, report)
+    reports.write(entry.tag, REPORT, report)
     if mismatches:
         raise StepFailed(f"{entry.tag}: the image is not what the matrix says: " + "; ".join(mismatches),
-                         f"see {paths.report(entry.tag, NAME)}")
+                         f"see {paths.report(entry.tag, REPORT)}")
     if over:
         raise StepFailed(f"{entry.tag}: {over}", f"make the image smaller, or raise size_budget in {entry.source}")
     return Done("built", f"{image.id[7:19]}, {_gb(image.attrs.get('Size'))}")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from builder import fsutil, log, readme, reports
 from builder.errors import EnvironmentProblem, UserError
+from builder.flags import arg, switch
 from builder.model import compat, paths, proof
 from builder.model.matrix import PACKAGES, Entry
 
@@ -21,22 +22,12 @@ MARKDOWN, JSON = "IMAGES.md", "images.json"
 SCHEMA = 1
 
 
-NAME = "catalog"
-HELP = "write IMAGES.md and images.json from the reports"
-NEEDS_MATRIX = True
-
-
 @dataclass(frozen=True)
 class Options:
-    check: bool = False
-    reports: str | None = None
-    out: str = "."
-
-
-def add_arguments(p) -> None:
-    p.add_argument("--check", action="store_true", help="exit 2 if IMAGES.md or images.json is stale")
-    p.add_argument("--reports", metavar="DIR", help="read reports from DIR (default: build/reports)")
-    p.add_argument("--out", metavar="DIR", default=".", help="where IMAGES.md and images.json go (default: .)")
+    check: bool = switch("--check", help="exit 2 if IMAGES.md or images.json is stale")
+    reports: str | None = arg("--reports", default=None, metavar="DIR",
+                              help="read reports from DIR (default: build/reports)")
+    out: str = arg("--out", default=".", metavar="DIR", help="where IMAGES.md and images.json go (default: .)")
 
 
 # --- Markdown: nothing from a report may become markup --------------------------------------------------

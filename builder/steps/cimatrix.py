@@ -10,25 +10,18 @@ import json
 from dataclasses import dataclass
 
 from builder.boundary import published
+from builder.flags import arg
 from builder.model import matrix, plan
-
-NAME = "matrix"
-HELP = "the GitHub Actions strategy.matrix JSON"
-NEEDS_MATRIX = True
 
 
 @dataclass(frozen=True)
 class Options(matrix.Selection):
-    format: str = "github"
-    runner: str | None = None
-    changed_against: str | None = None
-
-
-def add_arguments(p) -> None:
-    p.add_argument("--format", choices=["github"], default="github")
-    p.add_argument("--runner", choices=["gpu", "hosted"], help="only entries gated on GPU runners, or on hosted ones")
-    p.add_argument("--changed-against", metavar="REGISTRY",
-                   help="leave out entries whose published alias there was built from exactly these inputs")
+    format: str = arg("--format", default="github", choices=["github"])
+    runner: str | None = arg("--runner", default=None, choices=["gpu", "hosted"],
+                             help="only entries gated on GPU runners, or on hosted ones")
+    changed_against: str | None = arg(
+        "--changed-against", default=None, metavar="REGISTRY",
+        help="leave out entries whose published alias there was built from exactly these inputs")
 
 
 def main(options: Options, m: matrix.Matrix) -> int:

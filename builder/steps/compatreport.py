@@ -6,14 +6,7 @@ from __future__ import annotations
 from builder.errors import UserError
 from builder.model import compat, explain, matrix
 
-NAME = "compat"
-HELP = "explain the compatibility rules for entries: outcome, evidence, derived facts"
-NEEDS_MATRIX = True
 Options = matrix.Selection  # tags and --all only
-
-
-def add_arguments(p) -> None:
-    pass
 
 
 def main(options: matrix.Selection, m: matrix.Matrix) -> int:

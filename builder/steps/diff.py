@@ -16,29 +16,19 @@ from packaging.version import InvalidVersion, Version
 from builder import log
 from builder.boundary import imagesave
 from builder.errors import UserError
+from builder.flags import arg
 from builder.model import budget, paths, reference
 
 KINDS = ("upgraded", "downgraded", "added", "removed")
 _FAIL_WORDS = {"upgrade": "upgraded", "downgrade": "downgraded", "add": "added", "remove": "removed"}
 
 
-NAME = "diff"
-HELP = "what changed between two images (tags or image refs)"
-NEEDS_MATRIX = "optional"  # tags name local images when a matrix is there; image references work without one
-
-
 @dataclass(frozen=True)
 class Options:
-    a: str
-    b: str
-    fail_on: str = ""
-
-
-def add_arguments(p) -> None:
-    p.add_argument("a", metavar="A", help="the old image: a matrix tag (→ <image>:<tag>) or an image reference")
-    p.add_argument("b", metavar="B", help="the new image")
-    p.add_argument("--fail-on", metavar="KINDS", default="",
-                   help="comma list of upgrade,downgrade,add,remove: exit 1 when such a package change exists")
+    a: str = arg(metavar="A", help="the old image: a matrix tag (→ <image>:<tag>) or an image reference")
+    b: str = arg(metavar="B", help="the new image")
+    fail_on: str = arg("--fail-on", default="", metavar="KINDS",
+                       help="comma list of upgrade,downgrade,add,remove: exit 1 when such a package change exists")
 
 
 # --- version ordering ----------------------------------------------------------------------------------

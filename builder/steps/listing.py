@@ -5,15 +5,8 @@ from __future__ import annotations
 from builder import log
 from builder.model import matrix, proof
 
-NAME = "list"
-HELP = "table of the matrix entries"
-NEEDS_MATRIX = True
 Options = matrix.Selection  # tags and --all only
 HEADERS = ("tag", "torch", "CUDA", "Python", "transformers", "deepspeed", "flash-attn", "proven")
-
-
-def add_arguments(p) -> None:
-    pass
 
 
 def main(options: matrix.Selection, m: matrix.Matrix) -> int:

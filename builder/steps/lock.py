@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
@@ -21,9 +21,9 @@ from builder import fsutil, log
 from builder.boundary import apt, baseimage, web
 from builder.boundary.uv import compile_requirements
 from builder.errors import EnvironmentProblem, StepFailed, UserError
+from builder.flags import nested, switch
 from builder.model import compat, lockfile, paths
 from builder.model.inputs import Inputs
-from builder.model.inputs import add_arguments as add_input_arguments
 from builder.model.lockfile import (
     APT_LOCK,
     DEEPSPEED_LOCK,
@@ -229,26 +229,15 @@ def write_unpinned_apt(entry: Entry, out_dir: Path, reason: str) -> None:
 
 # --- the step --------------------------------------------------------------------------------------------
 
-NAME = "lock"
-HELP = "hash-locked requirements (and apt pins) into locks/<tag>/"
-DEFAULT_ALL = True
-
 
 @dataclass(frozen=True)
 class Options:
-    inputs: Inputs = field(default_factory=Inputs)
-    check: bool = False
-    no_apt: bool = False
-    upgrade: bool = False
-
-
-def add_arguments(p) -> None:
-    p.add_argument("--check", action="store_true", help="offline: are the committed locks complete and current?")
-    p.add_argument("--no-apt", action="store_true", help="skip the apt lock (needs the base image)")
-    p.add_argument("--upgrade", action="store_true",
-                   help="re-resolve from scratch (newest allowed versions of every dependency); by default a "
-                        "re-lock keeps the versions already locked wherever the matrix still allows them")
-    add_input_arguments(p)
+    check: bool = switch("--check", help="offline: are the committed locks complete and current?")
+    no_apt: bool = switch("--no-apt", help="skip the apt lock (needs the base image)")
+    upgrade: bool = switch("--upgrade", help="re-resolve from scratch (newest allowed versions of every dependency); "
+                                             "by default a re-lock keeps the versions already locked wherever the "
+                                             "matrix still allows them")
+    inputs: Inputs = nested(Inputs)
 
 
 def prepare(entries, options: Options) -> Options:

@@ -16,26 +16,17 @@ from dataclasses import dataclass
 from builder import fsutil, log
 from builder.boundary import registry
 from builder.errors import EnvironmentProblem, UserError
+from builder.flags import arg
 from builder.model.plan import default_registry
-
-NAME = "login"
-HELP = "store registry credentials (password from stdin) in the Docker config, before any registry read"
-NEEDS_MATRIX = False
 
 
 @dataclass(frozen=True)
 class Options:
-    registry: str | None = None
-    username: str | None = None
-    password_stdin: bool = False
-
-
-def add_arguments(p) -> None:
-    p.add_argument("--registry", metavar="HOST[/NAMESPACE]",
-                   help="the registry (default: $REGISTRY, else ghcr.io/<repository owner>)")
-    p.add_argument("--username", required=True, help="the registry user (GitHub: the actor)")
-    p.add_argument("--password-stdin", action="store_true", required=True,
-                   help="read the password or token from stdin (never an argument)")
+    registry: str | None = arg("--registry", default=None, metavar="HOST[/NAMESPACE]",
+                               help="the registry (default: $REGISTRY, else ghcr.io/<repository owner>)")
+    username: str | None = arg("--username", default=None, required=True, help="the registry user (GitHub: the actor)")
+    password_stdin: bool = arg("--password-stdin", default=False, action="store_true", required=True,
+                               help="read the password or token from stdin (never an argument)")
 
 
 def store(host: str, username: str, password: str) -> str:

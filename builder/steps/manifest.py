@@ -9,23 +9,16 @@ from pathlib import Path
 from builder import fsutil, log
 from builder.boundary import engine
 from builder.boundary.imagesave import is_archive, manifest
+from builder.flags import arg
 from builder.model import reference
 from builder.model.manifest import dumps
-
-NAME = "manifest"
-HELP = "content manifest of an image (files, Python and OS packages)"
-NEEDS_MATRIX = False
 
 
 @dataclass(frozen=True)
 class Options:
-    image: str
-    output: str | None = None
-
-
-def add_arguments(p) -> None:
-    p.add_argument("image", metavar="IMAGE", help="image reference or ID (or a `docker save` tar file)")
-    p.add_argument("-o", "--output", metavar="FILE", help="write the JSON here (default: stdout)")
+    image: str = arg(metavar="IMAGE", help="image reference or ID (or a `docker save` tar file)")
+    output: str | None = arg("-o", "--output", default=None, metavar="FILE",
+                             help="write the JSON here (default: stdout)")
 
 
 def main(options: Options, m=None) -> int:

@@ -18,42 +18,32 @@ from __future__ import annotations
 import errno
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from builder import fsutil, log
 from builder.boundary import published, registry
 from builder.errors import BuilderError
+from builder.flags import arg, switch
 from builder.model import matrix, plan
 
-NAME = "plan"
-HELP = "which tags the workflow's image jobs build for this event (GitHub outputs)"
-NEEDS_MATRIX = True
 EVENTS = ("pull_request", "push", "schedule", "workflow_dispatch")
 
 
 @dataclass(frozen=True)
 class Options:
-    tags: list[str] = field(default_factory=list)
-    event: str = "push"
-    registry: str | None = None
-    github_output: str | None = None
-    gpu_runners: bool = False
-
-
-def add_arguments(p) -> None:
-    p.add_argument("tags", nargs="*", metavar="TAG", help="tags or globs (none: every entry, changed ones only)")
-    p.add_argument("--event", choices=EVENTS, default=os.environ.get("GITHUB_EVENT_NAME") or "push",
-                   help="the GitHub event (default: $GITHUB_EVENT_NAME)")
-    p.add_argument("--registry", default=None, metavar="HOST[/NAMESPACE]",
-                   help="where aliases are published (default: $REGISTRY, else ghcr.io/<repository owner>)")
-    p.add_argument("--github-output", metavar="PATH", default=os.environ.get("GITHUB_OUTPUT"),
-                   help="append the outputs here (default: $GITHUB_OUTPUT; without it they are printed)")
-    p.add_argument("--gpu-runners", action="store_true",
-                   default=os.environ.get("GPU_RUNNERS", "").strip().lower() == "true",
-                   help="this repository has self-hosted GPU runners: plan the GPU-gated entries "
-                        "(default: the repository variable GPU_RUNNERS is `true`)")
-    p.add_argument("--no-gpu-runners", dest="gpu_runners", action="store_false",
-                   help="leave the GPU-gated entries out whatever GPU_RUNNERS says")
+    tags: tuple = arg(nargs="*", default=(), metavar="TAG", help="tags or globs (none: every entry, changed ones only)")
+    event: str = arg("--event", default="push", default_from=lambda: os.environ.get("GITHUB_EVENT_NAME") or "push",
+                     choices=EVENTS, help="the GitHub event (default: $GITHUB_EVENT_NAME)")
+    registry: str | None = arg("--registry", default=None, metavar="HOST[/NAMESPACE]",
+                               help="where aliases are published (default: $REGISTRY, else ghcr.io/<repository owner>)")
+    github_output: str | None = arg(
+        "--github-output", default=None, default_from=lambda: os.environ.get("GITHUB_OUTPUT"), metavar="PATH",
+        help="append the outputs here (default: $GITHUB_OUTPUT; without it they are printed)")
+    gpu_runners: bool = switch(
+        "--gpu-runners", default_from=lambda: os.environ.get("GPU_RUNNERS", "").strip().lower() == "true",
+        negation=("--no-gpu-runners", "leave the GPU-gated entries out whatever GPU_RUNNERS says"),
+        help="this repository has self-hosted GPU runners: plan the GPU-gated entries "
+             "(default: the repository variable GPU_RUNNERS is `true`)")
 
 
 def planned(m: matrix.Matrix, options: Options) -> list[matrix.Entry]:

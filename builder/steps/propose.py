@@ -20,23 +20,16 @@ from pathlib import Path
 from builder import fsutil, log
 from builder.boundary import pypi
 from builder.errors import BuilderError, UserError
+from builder.flags import arg, switch
 from builder.model import compat, knowledge, matrix, proposal
-
-NAME = "propose"
-HELP = "propose a matrix entry for the newest torch and stack releases on PyPI (appends it to matrix.yaml)"
-NEEDS_MATRIX = True
 
 
 @dataclass(frozen=True)
 class Options:
-    dry_run: bool = False
-    github_output: str | None = None
-
-
-def add_arguments(p) -> None:
-    p.add_argument("--dry-run", action="store_true", help="print the proposal; write nothing")
-    p.add_argument("--github-output", metavar="PATH", default=os.environ.get("GITHUB_OUTPUT"),
-                   help="append `tag=<proposed tag>` (empty when nothing was proposed) here (default: $GITHUB_OUTPUT)")
+    dry_run: bool = switch("--dry-run", help="print the proposal; write nothing")
+    github_output: str | None = arg(
+        "--github-output", default=None, default_from=lambda: os.environ.get("GITHUB_OUTPUT"), metavar="PATH",
+        help="append `tag=<proposed tag>` (empty when nothing was proposed) here (default: $GITHUB_OUTPUT)")
 
 
 def torch_facts() -> dict:

@@ -40,6 +40,7 @@ from builder import fsutil, log, reports
 from builder.boundary import engine, inspect, process, registry
 from builder.boundary import host as machine
 from builder.errors import StepFailed, UserError
+from builder.flags import arg, switch
 from builder.model import attestations, paths, plan
 from builder.model import audit as audit_model
 from builder.steps import Done, audit
@@ -55,42 +56,26 @@ TRANSIENT = re.compile(r"connection refused|connection reset|i/o timeout|timeout
 AUTH = re.compile(r"unauthorized|authentication required|no basic auth credentials|denied", re.IGNORECASE)
 
 
-NAME = "publish"
-HELP = "push images that passed the gate; move the alias last"
-DEFAULT_ALL = False
-
-
 @dataclass(frozen=True)
 class Options:
-    registry: str = ""
-    dry_run: bool = False
-    username: str | None = None
-    password_stdin: bool = False
-    date: str | None = None
-    revision: str | None = None
-    retries: int = 3
-    allow_cpu_gate: bool = False
-    allow_substituted_base: bool = False
-    max_severity: str | None = None
-    waivers: str = "waivers.yaml"
+    registry: str = arg("--registry", default="", required=True, metavar="HOST[:PORT][/NAMESPACE]",
+                        help="where to push; the repository is NAMESPACE/<last part of the matrix image name>")
+    dry_run: bool = switch("--dry-run", help="check the gate and show the tags; push nothing")
+    username: str | None = arg("--username", default=None,
+                               help="with --password-stdin: log in for this run only (temporary Docker config)")
+    password_stdin: bool = switch("--password-stdin", help="read the registry password or token from stdin")
+    date: str | None = arg("--date", default=None, help="YYYYMMDD in the full tag (default: today, UTC)")
+    revision: str | None = arg("--revision", default=None,
+                               help="source revision in the full tag (default: the image's revision label)")
+    retries: int = arg("--retries", default=3, type=int, help="tries per registry operation (default 3)")
+    allow_cpu_gate: bool = switch(
+        "--allow-cpu-gate",
+        help="publish an entry of GPU runners whose gate ran on CPU only (recorded where users look)")
+    allow_substituted_base: bool = switch(
+        "--allow-substituted-base", help="publish an image built on a substituted base (recorded where users look)")
+    max_severity: str | None = audit.max_severity()  # the same audit as `builder audit`, before any push
+    waivers: str = arg("--waivers", default="waivers.yaml", metavar="PATH", help="waivers for --max-severity's audit")
     password: str | None = field(default=None, repr=False)  # read from stdin by prepare(), never an argument
-
-
-def add_arguments(p) -> None:
-    p.add_argument("--registry", required=True, metavar="HOST[:PORT][/NAMESPACE]",
-                   help="where to push; the repository is NAMESPACE/<last part of the matrix image name>")
-    p.add_argument("--dry-run", action="store_true", help="check the gate and show the tags; push nothing")
-    p.add_argument("--username", help="with --password-stdin: log in for this run only (temporary Docker config)")
-    p.add_argument("--password-stdin", action="store_true", help="read the registry password or token from stdin")
-    p.add_argument("--date", help="YYYYMMDD in the full tag (default: today, UTC)")
-    p.add_argument("--revision", help="source revision in the full tag (default: the image's revision label)")
-    p.add_argument("--retries", type=int, default=3, help="tries per registry operation (default 3)")
-    p.add_argument("--allow-cpu-gate", action="store_true",
-                   help="publish an entry of GPU runners whose gate ran on CPU only (recorded where users look)")
-    p.add_argument("--allow-substituted-base", action="store_true",
-                   help="publish an image built on a substituted base (recorded where users look)")
-    audit.add_max_severity(p)  # refuses an image whose audit (builder audit) is above LEVEL, before any push
-    p.add_argument("--waivers", default="waivers.yaml", metavar="PATH", help="waivers for --max-severity's audit")
 
 
 def prepare(entries, options: Options) -> Options:

@@ -19,6 +19,7 @@ from packaging.version import InvalidVersion, Version
 from builder import fsutil, log
 from builder.boundary import git, pypi, web
 from builder.errors import UserError
+from builder.flags import arg, switch
 from builder.model import compat, knowledge
 
 RAW = "https://raw.githubusercontent.com/Dao-AILab/flash-attention/v{version}/{path}"
@@ -27,9 +28,6 @@ FLASH_SINCE = "2.5.8"  # older releases are not in compat.yaml and not worth tra
 TIMEOUT_S = 30
 
 
-NAME = "refresh-compat"
-HELP = "diff compat.yaml against PyPI metadata and flash-attn release files (--write applies)"
-NEEDS_MATRIX = False
 DIFFERENCES_EXIT = 1  # compat.yaml differs from what the releases say (and --write was not given)
 # Packages whose declared minimums `--declared` reads, and the first release with core metadata to read.
 DECLARED_SINCE = {"transformers": "4.33", "accelerate": "0.24"}
@@ -37,22 +35,15 @@ DECLARED_SINCE = {"transformers": "4.33", "accelerate": "0.24"}
 
 @dataclass(frozen=True)
 class Options:
-    write: bool = False
-    flash_attn_git: str | None = None
-    since: str = "2.0"
-    compat_file: str | None = None
-    declared: bool = False
-
-
-def add_arguments(p) -> None:
-    p.add_argument("--write", action="store_true", help="apply the changes to builder/data/compat.yaml")
-    p.add_argument("--flash-attn-git", metavar="DIR", help="a clone of Dao-AILab/flash-attention to read release "
-                   "workflows from (GitHub itself may be unreachable)")
-    p.add_argument("--since", default="2.0", help="oldest torch minor to compare (default 2.0)")
-    p.add_argument("--declared", action="store_true", help="also compare the `declared:` minimums with the core "
-                   "metadata of every transformers and accelerate release (one request per release)")
-    p.add_argument("--compat-file", metavar="PATH", help="the compat.yaml to compare and write (default: the "
-                   "one shipped in the package)")
+    write: bool = switch("--write", help="apply the changes to builder/data/compat.yaml")
+    flash_attn_git: str | None = arg("--flash-attn-git", default=None, metavar="DIR",
+                                     help="a clone of Dao-AILab/flash-attention to read release workflows from "
+                                          "(GitHub itself may be unreachable)")
+    since: str = arg("--since", default="2.0", help="oldest torch minor to compare (default 2.0)")
+    declared: bool = switch("--declared", help="also compare the `declared:` minimums with the core metadata of "
+                                               "every transformers and accelerate release (one request per release)")
+    compat_file: str | None = arg("--compat-file", default=None, metavar="PATH",
+                                  help="the compat.yaml to compare and write (default: the one shipped in the package)")
 
 
 def _get(url: str) -> bytes:

@@ -23,6 +23,7 @@ import jinja2
 
 from builder import fsutil, log
 from builder.errors import EnvironmentProblem, UserError
+from builder.flags import arg, switch
 from builder.model import compat, paths
 from builder.model.matrix import TAG_RE, Entry, Matrix, select
 
@@ -364,20 +365,12 @@ def check(matrix: Matrix, entries: list[Entry], out_dir: Path = OUT_DIR) -> list
 
 # --- the tool --------------------------------------------------------------------------------------------
 
-NAME = "render"
-HELP = "render dockerfiles/<tag>/ (and the README table)"
-NEEDS_MATRIX = True
-
 
 @dataclass(frozen=True)
 class Options:
-    tags: tuple = ()
-    check: bool = False
-
-
-def add_arguments(p) -> None:
-    p.add_argument("tags", nargs="*", metavar="TAG", help="tags or globs; default: every entry and the README table")
-    p.add_argument("--check", action="store_true", help="fail if committed files are stale or extra directories exist")
+    tags: tuple = arg(nargs="*", default=(), metavar="TAG",
+                      help="tags or globs; default: every entry and the README table")
+    check: bool = switch("--check", help="fail if committed files are stale or extra directories exist")
 
 
 def main(options: Options, m: Matrix) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from importlib import resources
 
@@ -20,9 +20,9 @@ import yaml
 from builder import log, reports
 from builder.boundary import buildkit, engine, imagesave
 from builder.errors import EnvironmentProblem, StepFailed, UserError
+from builder.flags import nested, switch
 from builder.model import context, paths
 from builder.model.inputs import Inputs
-from builder.model.inputs import add_arguments as add_input_arguments
 from builder.steps import Done
 
 REPORT_CAP = 500
@@ -43,20 +43,10 @@ KNOWN_CLASSES = (
 FIELDS = ("type", "mode", "uid", "gid", "size", "sha256", "target")
 
 
-NAME = "repro"
-HELP = "rebuild from scratch beside the image and compare the two by content"
-DEFAULT_ALL = False
-
-
 @dataclass(frozen=True)
 class Options:
-    inputs: Inputs = field(default_factory=Inputs)  # the same inputs the image was built with (same flags)
-    keep: bool = False
-
-
-def add_arguments(p) -> None:
-    p.add_argument("--keep", action="store_true", help=f"keep the rebuilt image (<image>:<tag>{paths.REPRO_SUFFIX})")
-    add_input_arguments(p)
+    keep: bool = switch("--keep", help=f"keep the rebuilt image (<image>:<tag>{paths.REPRO_SUFFIX})")
+    inputs: Inputs = nested(Inputs)  # the same inputs the image was built with (same flags)
 
 
 def prepare(entries, options: Options) -> Options:
@@ -239,11 +229,11 @@ def run(entry, options: Options) -> Done:
               "unexplained_count": len(result["unexplained"]), "unexplained": result["unexplained"][:REPORT_CAP],
               "rebuild": built, "duration_s": round(time.monotonic() - started, 1),
               "finished_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
-    reports.write(entry.tag, NAME, report)
+    reports.write(entry.tag, "repro", report)
     summarize(result)
     if not result["ok"]:
         raise StepFailed(f"{entry.tag}: the rebuild differs: {report['unexplained_count']} unexplained differences",
-                         f"see {paths.report(entry.tag, NAME)}")
+                         f"see {paths.report(entry.tag, 'repro')}")
     return Done("reproducible", f"{result['files_compared']} files, {result['bytes_compared'] / 1e9:.2f} GB equal; "
                                 f"layers {'identical' if result['layers']['identical'] else 'differ'}")
 

@@ -21,17 +21,9 @@ def resolve(entry: Entry) -> dict[str, str]:
 
 # --- the step --------------------------------------------------------------------------------------------
 
-NAME = "resolve"
-HELP = "prove each entry's packages resolve (uv pip compile against its index)"
-DEFAULT_ALL = True
-
 
 @dataclass(frozen=True)
 class Options:
-    pass
-
-
-def add_arguments(p) -> None:
     pass
 
 

@@ -13,21 +13,14 @@ from dataclasses import dataclass
 from builder import log, reports
 from builder.boundary import cosign
 from builder.errors import UserError
-
-NAME = "sign"
-HELP = "sign a published image's digest and its attestations with cosign (keyless in CI, or --key)"
-NEEDS_MATRIX = False
+from builder.flags import arg
 
 
 @dataclass(frozen=True)
 class Options:
-    target: str
-    key: str | None = None
-
-
-def add_arguments(p) -> None:
-    p.add_argument("target", metavar="TAG|REF", help="a published tag (its publish report) or HOST/NAME@sha256:…")
-    p.add_argument("--key", metavar="PATH", help="cosign private key (default: keyless, the CI job's OIDC identity)")
+    target: str = arg(metavar="TAG|REF", help="a published tag (its publish report) or HOST/NAME@sha256:…")
+    key: str | None = arg("--key", default=None, metavar="PATH",
+                          help="cosign private key (default: keyless, the CI job's OIDC identity)")
 
 
 def target_reference(target: str) -> str:

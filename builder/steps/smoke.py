@@ -13,31 +13,23 @@ from builder import log, reports
 from builder.boundary import engine, host
 from builder.boundary.gate import CHECK_TIMEOUT, DEFAULT_SHM, run_gate
 from builder.errors import StepFailed, UserError
+from builder.flags import arg, switch
 from builder.model import attestations, paths
 from builder.steps import Done
-
-NAME = "smoke"
-HELP = "run the smoke gate in a built image; write the smoke report"
-DEFAULT_ALL = False
 
 
 @dataclass(frozen=True)
 class Options:
-    cpu: bool = False
-    gpus: str | None = None
-    image: str | None = None
-    shm_size: str = DEFAULT_SHM
-    timeout: int = CHECK_TIMEOUT
-
-
-def add_arguments(p) -> None:
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--cpu", action="store_true", help="CPU mode: 2 ranks over gloo, no GPU checks")
-    mode.add_argument("--gpus", choices=["all"], help="run on every GPU (needs the NVIDIA container toolkit)")
-    # Neither: every GPU when this host can give containers GPUs, else CPU mode, and it says which.
-    p.add_argument("--image", metavar="REF", help="gate this image instead of the tag's build (e.g. a pulled one)")
-    p.add_argument("--shm-size", default=DEFAULT_SHM, help=f"/dev/shm size for the container (default {DEFAULT_SHM})")
-    p.add_argument("--timeout", type=int, default=CHECK_TIMEOUT, help=f"seconds per check (default {CHECK_TIMEOUT})")
+    # Neither --cpu nor --gpus: every GPU when this host can give containers GPUs, else CPU mode, and it says which.
+    cpu: bool = switch("--cpu", exclusive="mode", help="CPU mode: 2 ranks over gloo, no GPU checks")
+    gpus: str | None = arg("--gpus", default=None, exclusive="mode", choices=["all"],
+                           help="run on every GPU (needs the NVIDIA container toolkit)")
+    image: str | None = arg("--image", default=None, metavar="REF",
+                            help="gate this image instead of the tag's build (e.g. a pulled one)")
+    shm_size: str = arg("--shm-size", default=DEFAULT_SHM,
+                        help=f"/dev/shm size for the container (default {DEFAULT_SHM})")
+    timeout: int = arg("--timeout", default=CHECK_TIMEOUT, type=int,
+                       help=f"seconds per check (default {CHECK_TIMEOUT})")
 
 
 def prepare(entries, options: Options) -> None:
@@ -77,12 +69,12 @@ def run(entry, options: Options) -> Done:
         raise StepFailed(f"{entry.tag}: refusing to gate {ref}: it is not this entry's image: {wrong}",
                          f"gate the entry's own build: python -m builder build {entry.tag}, then smoke it")
     report = run_gate(ref, gpus=bool(options.gpus), timeout=options.timeout, shm_size=options.shm_size)
-    reports.write(entry.tag, NAME, report)
+    reports.write(entry.tag, "smoke", report)
     for check in report["checks"]:
         log.info(f"  {log.mark(bool(check.get('passed')))} {check['name']} ({check.get('seconds') or 0:.1f}s): "
                  f"{(check.get('summary') or '')[:100]}")
     if not report["passed"]:
         raise StepFailed(f"{entry.tag}: the smoke gate failed: " + " | ".join(failing(report)),
-                         f"see {paths.report(entry.tag, NAME)}")
+                         f"see {paths.report(entry.tag, 'smoke')}")
     return Done("passed", f"{report['mode']}: " + ", ".join(f"{c['name']} {c.get('seconds') or 0:.0f}s"
                                                           for c in report["checks"]))

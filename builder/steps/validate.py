@@ -6,23 +6,14 @@ from dataclasses import dataclass
 
 from builder import log
 from builder.errors import UserError
+from builder.flags import switch
 from builder.model import compat, matrix
-
-NAME = "validate"
-HELP = "check the matrix schema and compatibility rules"
-NEEDS_MATRIX = True
 
 
 @dataclass(frozen=True)
 class Options(matrix.Selection):
-    strict: bool = False
-    explain: bool = False
-
-
-def add_arguments(p) -> None:
-    p.add_argument("--strict", action="store_true", help="also require every base pinned by digest with its source")
-    p.add_argument("--explain", action="store_true", help="print every rule checked and what the recipe derives "
-                   "(as `compat TAG`)")
+    strict: bool = switch("--strict", help="also require every base pinned by digest with its source")
+    explain: bool = switch("--explain", help="print every rule checked and what the recipe derives (as `compat TAG`)")
 
 
 def main(options: Options, m: matrix.Matrix) -> int:

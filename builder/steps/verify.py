@@ -27,52 +27,34 @@ from builder import fsutil, log
 from builder.boundary import cosign, engine, host, inspect, registry
 from builder.boundary.gate import run_gate
 from builder.errors import EnvironmentProblem, StepFailed, UserError
+from builder.flags import arg, switch
 from builder.model import attestations, reference
 
 MIN_SHM_MB = 1024  # below this, NCCL and DataLoader workers fail when containers share the host's /dev/shm
 
 
-NAME = "verify"
-HELP = "re-verify a pulled image on this host (host checks + gate)"
-NEEDS_MATRIX = False
-
-
 @dataclass(frozen=True)
 class Options:
-    image: str
-    cpu: bool = False
-    no_pull: bool = False
-    timeout: int = 600
-    shm_size: str = "8g"
-    json: str | None = None
-    checks: str | None = None
-    require_signature: bool = False
-    signatures_only: bool = False
-    key: str | None = None
-    certificate_identity: str | None = None
-    certificate_oidc_issuer: str = cosign.GITHUB_ISSUER
-
-
-def add_arguments(p) -> None:
-    p.add_argument("image", metavar="IMAGE", help="image reference, e.g. ghcr.io/acme/train@sha256:…")
-    p.add_argument("--cpu", action="store_true", help="run the gate in CPU mode even when GPUs are present")
-    p.add_argument("--no-pull", action="store_true", help="use the local image only")
-    p.add_argument("--timeout", type=int, default=600, help="seconds per gate check (default 600)")
-    p.add_argument("--shm-size", default="8g", help="/dev/shm size for the gate container (default 8g)")
-    p.add_argument("--json", metavar="PATH", help="also write the verdict as JSON")
-    p.add_argument("--checks", metavar="LIST", help="run only these gate checks (e.g. env,ops,nccl: minutes "
-                   "faster on CPU, where train JIT-builds DeepSpeed's CPU ops); the verdict names what did not run")
-    p.add_argument("--require-signature", action="store_true",
-                   help="fail unless the digest and every attestation are signed by the identity given below")
-    p.add_argument("--signatures-only", action="store_true",
-                   help="check the signatures, and that the attestations name this digest, only: no pull, "
-                        "no host checks, no gate")
-    p.add_argument("--key", metavar="PATH", help="cosign public key the image must be signed with")
-    p.add_argument("--certificate-identity", metavar="ID",
-                   help="keyless signer, exactly: https://github.com/OWNER/REPO/.github/workflows/images.yml"
-                        "@refs/heads/main")
-    p.add_argument("--certificate-oidc-issuer", metavar="URL", default=cosign.GITHUB_ISSUER,
-                   help=f"keyless issuer (default {cosign.GITHUB_ISSUER})")
+    image: str = arg(metavar="IMAGE", help="image reference, e.g. ghcr.io/acme/train@sha256:…")
+    cpu: bool = switch("--cpu", help="run the gate in CPU mode even when GPUs are present")
+    no_pull: bool = switch("--no-pull", help="use the local image only")
+    timeout: int = arg("--timeout", default=600, type=int, help="seconds per gate check (default 600)")
+    shm_size: str = arg("--shm-size", default="8g", help="/dev/shm size for the gate container (default 8g)")
+    json: str | None = arg("--json", default=None, metavar="PATH", help="also write the verdict as JSON")
+    checks: str | None = arg("--checks", default=None, metavar="LIST",
+                             help="run only these gate checks (e.g. env,ops,nccl: minutes faster on CPU, where train "
+                                  "JIT-builds DeepSpeed's CPU ops); the verdict names what did not run")
+    require_signature: bool = switch(
+        "--require-signature",
+        help="fail unless the digest and every attestation are signed by the identity given below")
+    signatures_only: bool = switch("--signatures-only", help="check the signatures, and that the attestations name "
+                                                             "this digest, only: no pull, no host checks, no gate")
+    key: str | None = arg("--key", default=None, metavar="PATH", help="cosign public key the image must be signed with")
+    certificate_identity: str | None = arg(
+        "--certificate-identity", default=None, metavar="ID",
+        help="keyless signer, exactly: https://github.com/OWNER/REPO/.github/workflows/images.yml@refs/heads/main")
+    certificate_oidc_issuer: str = arg("--certificate-oidc-issuer", default=cosign.GITHUB_ISSUER, metavar="URL",
+                                       help=f"keyless issuer (default {cosign.GITHUB_ISSUER})")
 
 
 # --- the image -----------------------------------------------------------------------------------------

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import pytest
 
+from builder.steps import VERBS
 from tests.conftest import run_cli
 
 
@@ -86,3 +88,55 @@ def test_changed_against_an_unreadable_registry_plans_the_rebuild(project, capsy
     out, err = capsys.readouterr()
     assert [r["tag"] for r in json.loads(out)["include"]] == ["cu121-torch2.3"]
     assert "cannot read 127.0.0.1:1/train:cu121-torch2.3" in err and "planned for a rebuild" in err
+
+
+# --- options declared once (builder/flags.py): the field and its flag -------------------------------------
+
+
+def parsed(*argv):
+    from builder import cli
+
+    args = cli.build_parser().parse_args(argv)
+    module = importlib.import_module(f"builder.steps.{next(v.module for v in VERBS if v.name == args.verb)}")
+    return cli.options_from(args, module.Options)
+
+
+def test_no_flags_give_the_options_defaults():
+    """What a user gets without a flag is what the code's own Options() default says (one default, not two)."""
+    from builder.steps import catalog, smoke, verify
+
+    assert parsed("catalog") == catalog.Options()
+    assert parsed("smoke", "t") == smoke.Options()
+    assert parsed("verify", "r/x@sha256:" + "0" * 64) == verify.Options(image="r/x@sha256:" + "0" * 64)
+
+
+def test_flags_reach_their_fields_and_nested_inputs():
+    options = parsed("build", "t", "--no-cache", "--apt-mirror", "http://m/debian", "--local-base")
+    assert options.no_cache and not options.force
+    assert options.inputs.apt_mirror == "http://m/debian" and options.inputs.local_base
+    assert parsed("smoke", "t", "--timeout", "7").timeout == 7  # type= conversion kept
+
+
+def test_environment_defaults_are_read_when_the_parser_is_built(monkeypatch):
+    monkeypatch.setenv("GITHUB_EVENT_NAME", "pull_request")
+    monkeypatch.setenv("GPU_RUNNERS", "true")
+    options = parsed("plan")
+    assert options.event == "pull_request" and options.gpu_runners
+    assert not parsed("plan", "--no-gpu-runners").gpu_runners  # the negation stores into the same field
+    monkeypatch.delenv("GITHUB_EVENT_NAME")
+    monkeypatch.delenv("GPU_RUNNERS")
+    assert parsed("plan").event == "push" and not parsed("plan").gpu_runners
+
+
+@pytest.mark.parametrize("argv, says", [
+    (("smoke", "t", "--cpu", "--gpus", "all"), "not allowed with argument --cpu"),  # one group excludes
+    # The password is read from stdin only; `--password` is no abbreviation of --password-stdin, and the value
+    # a user typed after it is not echoed into the log.
+    (("publish", "t", "--registry", "r", "--password", "S3cret-pw"), "unrecognized arguments: --password (values"),
+    (("login", "--username", "u", "--password-stdin", "--password=S3cret-pw"), "unrecognized arguments: --password"),
+])
+def test_what_no_flag_allows_is_refused(capsys, argv, says):
+    with pytest.raises(SystemExit) as done:
+        parsed(*argv)
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and says in err and "S3cret" not in err

@@ -128,14 +128,17 @@ def test_every_registered_step_has_the_shape():
     import dataclasses
     import importlib
 
-    from builder.steps import STEPS, TOOLS
+    from builder import flags
+    from builder.steps import VERBS
 
-    for name, path in {**STEPS, **TOOLS}.items():
-        module = importlib.import_module(path)
-        assert module.NAME == name, path
-        assert dataclasses.is_dataclass(module.Options) and module.Options.__dataclass_params__.frozen, path
-        for attr in ("HELP", "add_arguments"):
-            assert hasattr(module, attr), f"{path} lacks {attr}"
-        kind = ("prepare", "run", "DEFAULT_ALL") if name in STEPS else ("main", "NEEDS_MATRIX")
-        for attr in kind:
-            assert hasattr(module, attr), f"{path} lacks {attr}"
+    assert len({verb.name for verb in VERBS}) == len({verb.module for verb in VERBS}) == len(VERBS)
+    for verb in VERBS:
+        module = importlib.import_module(f"builder.steps.{verb.module}")
+        assert dataclasses.is_dataclass(module.Options) and module.Options.__dataclass_params__.frozen, verb.name
+        # What the CLI cannot fill from a flag must have a default, or the verb could never be built.
+        flagged = {field for field, _ in flags.declared(module.Options)}
+        for f in dataclasses.fields(module.Options):
+            nested = isinstance(f.metadata.get("builder.flag"), type)
+            assert f.name in flagged or nested or f.default is not dataclasses.MISSING, f"{verb.name}: {f.name}"
+        for attr in ("prepare", "run") if verb.per_tag else ("main",):
+            assert callable(getattr(module, attr, None)), f"{verb.module} lacks {attr}"
