@@ -2,7 +2,7 @@
 
 render is the only writer of dockerfiles/ (lock writes locks/): a rendered tag directory holds exactly what
 was rendered. Everything is rendered in memory first; the whole new tree is staged beside dockerfiles/
-and swapped in by one atomic exchange, so a failure, a signal or a kill -9 leaves either the old tree or
+and swapped in whole (builder/treeswap.py), so a failure, a signal or a kill -9 leaves either the old tree or
 the new one, never a mix across tags; the next run finishes or removes what an interrupted one left.
 Concurrent renders are serialised by a flock beside the tree. `check` compares the committed tree with a
 fresh render (stale or extra files, extra directories).
@@ -10,18 +10,16 @@ fresh render (stale or extra files, extra directories).
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
-import signal
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 import jinja2
 
-from builder import fsutil, log
+from builder import fsutil, log, treeswap
 from builder.errors import EnvironmentProblem, UserError
 from builder.flags import arg, switch
 from builder.model import compat, paths
@@ -113,19 +111,6 @@ def render_all(entries: list[Entry]) -> dict[str, dict[str, str]]:
 # --- writing the tree: staged beside dockerfiles/, then swapped in ------------------------------------
 
 
-def staging_dir(out_dir: Path) -> Path:
-    return out_dir.parent / f".{out_dir.name}.render-new"
-
-
-def retired_dir(out_dir: Path) -> Path:
-    return out_dir.parent / f".{out_dir.name}.render-old"
-
-
-def ready_marker(out_dir: Path) -> Path:
-    """Exists only while a complete staging tree waits to be swapped in: tells recovery to finish the swap."""
-    return out_dir.parent / f".{out_dir.name}.render-ready"
-
-
 def tag_dir(root: Path, tag: str) -> Path:
     """dockerfiles/<tag>: a validated tag is one path component, never '.', '..' or anything with '/'."""
     if not TAG_RE.fullmatch(tag):
@@ -153,44 +138,6 @@ def _refuse_links(out_dir: Path) -> None:
                                 "through links", f"replace it with a real {'directory' if name in dirs else 'file'}")
             if not (path.is_dir() or path.is_file()):
                 raise UserError(f"{path} is not a regular file or directory", "remove it")
-
-
-def _refuse_pinned(out_dir: Path) -> None:
-    """The old tree is removed whole after the swap: an immutable or append-only entry in it (chattr +i/+a)
-    would fail that removal after the new tree is in place. Refused before anything is written instead."""
-    entries = [Path(root) / name for root, dirs, files in os.walk(out_dir) for name in dirs + files]
-    for path in [out_dir, *entries]:
-        if fsutil.pinned(path):
-            raise EnvironmentProblem(f"{path} is immutable or append-only (chattr +i/+a); render replaces "
-                                         f"{out_dir}/ whole and could not remove it; {out_dir}/ was left as it was",
-                                         f"`chattr -i -a {path}` (as root), then render again")
-
-
-def recover(out_dir: Path = OUT_DIR) -> list[str]:
-    """Finish or undo what an interrupted (kill -9, power loss) render left; say what was done.
-
-    Rule: while dockerfiles/ exists it is the truth and every leftover is garbage. When it is missing, a
-    render died between the two renames of its swap: a staging tree marked ready is complete and is moved
-    in; otherwise the retired old tree is moved back."""
-    notes = []
-    staging, retired, ready = staging_dir(out_dir), retired_dir(out_dir), ready_marker(out_dir)
-    if not out_dir.exists() and not out_dir.is_symlink():
-        if staging.is_dir() and ready.exists():
-            os.rename(staging, out_dir)
-            notes.append(f"finished the swap of an interrupted render: {staging} is now {out_dir}")
-        elif retired.is_dir():
-            os.rename(retired, out_dir)
-            notes.append(f"restored {out_dir} from {retired} (a render was interrupted mid-swap)")
-    for leftover in (staging, retired):
-        if leftover.exists() or leftover.is_symlink():
-            if leftover.is_dir() and not leftover.is_symlink():
-                shutil.rmtree(leftover)
-            else:
-                leftover.unlink()
-            notes.append(f"removed {leftover}, left by an interrupted render")
-    if ready.exists():
-        ready.unlink()
-    return notes
 
 
 def _same(path: Path, text: str) -> bool:
@@ -228,7 +175,6 @@ def _stage(rendered: dict[str, dict[str, str]], out_dir: Path, staging: Path, re
                 shutil.copytree(path, target, copy_function=fsutil.copy_file)
             else:
                 fsutil.copy_file(path, target)
-            _progress(target)
     for tag, files in rendered.items():
         base = tag_dir(staging, tag)
         base.mkdir()
@@ -238,60 +184,6 @@ def _stage(rendered: dict[str, dict[str, str]], out_dir: Path, staging: Path, re
                 fsutil.copy_file(old, base / name)  # unchanged: keep its mtime
             else:
                 fsutil.write_file(base / name, text)
-            _progress(base / name)
-    for root, _, _ in os.walk(staging):
-        fsutil.fsync_dir(Path(root))
-
-
-def _progress(path: Path) -> None:
-    """Nothing; a seam for fault tests that kill the process while the staging tree is being written."""
-
-
-def _swap(out_dir: Path, staging: Path) -> None:
-    """Put the staged tree in place of out_dir; signals are held off so the swap is never left half done."""
-    retired = retired_dir(out_dir)
-    ready = ready_marker(out_dir)
-    ready.touch()
-    fsutil.fsync_dir(out_dir.parent)
-    blocked = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
-    try:
-        if out_dir.exists():
-            if not _exchange(staging, out_dir):
-                os.rename(out_dir, retired)
-                _between_renames()
-                os.rename(staging, out_dir)
-                os.rename(retired, staging)
-        else:
-            os.rename(staging, out_dir)
-        ready.unlink()
-        fsutil.fsync_dir(out_dir.parent)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-    if staging.exists():
-        shutil.rmtree(staging)  # the old tree
-
-
-def _between_renames() -> None:
-    """Nothing; a seam for the fault test that kills a render between the two renames of the fallback swap."""
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Atomically exchange two paths (Linux renameat2 RENAME_EXCHANGE, since 3.15); False where unsupported."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        renameat2 = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-        return False  # the file system cannot exchange: the two-rename swap (with recovery) is used
-    raise OSError(err, os.strerror(err), str(b))
 
 
 def apply(rendered: dict[str, dict[str, str]], matrix: Matrix | None = None, prune: bool = False,
@@ -302,21 +194,21 @@ def apply(rendered: dict[str, dict[str, str]], matrix: Matrix | None = None, pru
     Returns (files changed, directories removed)."""
     out_dir = Path(out_dir)
     keep = {e.tag for e in matrix.entries} if prune and matrix is not None else None
-    staging = staging_dir(out_dir)
+    staging = treeswap.staging_dir(out_dir)
     try:
         with fsutil.tree_lock(out_dir, on_wait=log.info):
-            for note in recover(out_dir):
+            for note in treeswap.recover(out_dir):
                 log.info(f"render: {note}")
             _refuse_links(out_dir)
             changed, removed = _plan(rendered, out_dir, keep)
             if not changed and not removed:
                 return [], []
-            _refuse_pinned(out_dir)
+            treeswap.refuse_pinned(out_dir)
             try:
                 _stage(rendered, out_dir, staging, removed)
-                _swap(out_dir, staging)
+                treeswap.swap(out_dir, staging)
             except BaseException:
-                if staging.exists() and not ready_marker(out_dir).exists():
+                if staging.exists() and not treeswap.ready_marker(out_dir).exists():
                     shutil.rmtree(staging, ignore_errors=True)
                 raise
             return changed, removed

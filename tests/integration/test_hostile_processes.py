@@ -23,7 +23,7 @@ rendered = unit.rendered  # the same fixture: a project rendered once, a lock fi
 
 def run_builder(project: Path, *argv: str, prelude: str = "", timeout: float = 60, **popen) -> subprocess.Popen:
     """The builder as a real subprocess in `project` (for signals and concurrency); `prelude` runs first
-    inside it (to install a seam that pauses at a chosen point)."""
+    inside it (to wrap a function so that it pauses at a chosen point)."""
     code = (f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n{prelude}\n"
             f"from builder import cli\nsys.exit(cli.main({list(argv)!r}))\n")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -43,22 +43,33 @@ def _default_sigint() -> None:
 PAUSE_AFTER = """
 import os, time
 from pathlib import Path
-from builder.steps import render
+from builder import fsutil, treeswap
 _count = [0]
-def _pause(*args):
-    _count[0] += 1
-    if _count[0] == {n}:
-        Path({flag!r}).write_text(str(os.getpid()))
-        deadline = time.monotonic() + 30
-        while not Path({flag!r} + ".go").exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
-render.{seam} = _pause
+def _pausing(real, counts):
+    def wrapper(*args, **kwargs):
+        result = real(*args, **kwargs)
+        if counts(*args):
+            _count[0] += 1
+            if _count[0] == {n}:
+                Path({flag!r}).write_text(str(os.getpid()))
+                deadline = time.monotonic() + 30
+                while not Path({flag!r} + ".go").exists() and time.monotonic() < deadline:
+                    time.sleep(0.02)
+        return result
+    return wrapper
+{pause}
 """
+# Where a render is paused, by wrapping what it calls (no test hook in builder/): after the nth file written
+# into the staging tree, or right after the fallback swap's first rename (the old tree moved aside).
+MID_STAGING = ("fsutil.write_file = _pausing(fsutil.write_file, lambda *a: True)\n"
+               "fsutil.copy_file = _pausing(fsutil.copy_file, lambda *a: True)\n")
+BETWEEN_RENAMES = ("treeswap.exchange = lambda a, b: False\n"  # as on a file system that cannot exchange
+                   "os.rename = _pausing(os.rename, lambda src, dst: str(dst).endswith('.render-old'))\n")
 
 
-def _start_paused(project: Path, seam: str = "_progress", n: int = 3, extra: str = ""):
+def _start_paused(project: Path, pause: str = MID_STAGING, n: int = 3):
     flag = project.parent / f"{project.name}.paused"
-    prelude = PAUSE_AFTER.format(n=n, flag=str(flag), seam=seam) + extra
+    prelude = PAUSE_AFTER.format(n=n, flag=str(flag), pause=pause)
     proc = run_builder(project, "render", prelude=prelude)
     deadline = time.monotonic() + 30
     while not flag.exists():
@@ -97,8 +108,7 @@ def test_signal_mid_render_keeps_the_old_tree(rendered, capsys, sig):
 
 def test_kill_between_the_two_renames_is_finished_by_the_next_run(rendered, capsys):
     change_matrix(rendered)
-    force_fallback = "render._exchange = lambda a, b: False\n"
-    proc = _start_paused(rendered, seam="_between_renames", n=1, extra=force_fallback)
+    proc = _start_paused(rendered, BETWEEN_RENAMES, n=1)
     proc.kill()
     proc.communicate(timeout=30)
     assert not (rendered / "dockerfiles").exists()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from builder import fsutil
+from builder import fsutil, treeswap
 from builder.steps import render
 from tests.conftest import run_cli
 from tests.unit.hostile import assert_refused, snapshot
@@ -173,7 +173,7 @@ def test_readme_write_failure_is_one_line(project, capsys, monkeypatch):
 
 
 def test_next_run_removes_a_dead_renders_staging_tree(rendered, capsys):
-    staging = render.staging_dir(rendered / "dockerfiles")
+    staging = treeswap.staging_dir(rendered / "dockerfiles")
     (staging / "half").mkdir(parents=True)
     (staging / "half" / "Dockerfile").write_text("FROM half-written\n")
     before = tree(rendered)
@@ -197,13 +197,13 @@ def test_next_run_finishes_a_swap_cut_between_renames(rendered, capsys):
     change_matrix(rendered)
     # What a kill between the fallback swap's two renames leaves: no dockerfiles/, a complete staging
     # tree marked ready, and the retired old tree.
-    new_tree = render.staging_dir(out)
+    new_tree = treeswap.staging_dir(out)
     import shutil
 
     shutil.copytree(out, new_tree)
     (new_tree / TAGS[0] / "Dockerfile").write_text("NEW\n")
-    os.rename(out, render.retired_dir(out))
-    render.ready_marker(out).touch()
+    os.rename(out, treeswap.retired_dir(out))
+    treeswap.ready_marker(out).touch()
     assert run_cli("render", "--check") == 2  # check reads; it does not repair
     capsys.readouterr()
     assert run_cli("render") == 0
@@ -216,8 +216,8 @@ def test_next_run_finishes_a_swap_cut_between_renames(rendered, capsys):
 def test_next_run_restores_the_old_tree_when_staging_was_not_complete(rendered, capsys):
     out = rendered / "dockerfiles"
     before = tree(rendered)
-    os.rename(out, render.retired_dir(out))
-    render.staging_dir(out).mkdir()
+    os.rename(out, treeswap.retired_dir(out))
+    treeswap.staging_dir(out).mkdir()
     assert run_cli("render") == 0
     assert "restored" in capsys.readouterr().err
     assert tree(rendered) == before and leftovers(rendered) == []
