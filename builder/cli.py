@@ -82,6 +82,17 @@ class _Parser(argparse.ArgumentParser):
             self.error(f"unrecognized arguments: {flags_given} (values not shown)")
         return parsed
 
+    def parse_known_args(self, args=None, namespace=None):
+        parsed, extras = super().parse_known_args(args, namespace)
+        # argparse checks `choices` only for values typed on the command line, not for a default taken from the
+        # environment: GITHUB_EVENT_NAME=pull_request_target must not pass for a push.
+        for action in self._actions:
+            value = getattr(parsed, action.dest, None)
+            if action.choices and action.option_strings and value is not None and value not in action.choices:
+                self.error(f"argument {action.option_strings[-1]}: {str(value)[:60]!r} (its default from the "
+                           f"environment) is not one of {', '.join(map(str, action.choices))}")
+        return parsed, extras
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m builder", description="Build, gate and publish reproducible GPU training images.")

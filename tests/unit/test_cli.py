@@ -128,6 +128,17 @@ def test_environment_defaults_are_read_when_the_parser_is_built(monkeypatch):
     assert parsed("plan").event == "push" and not parsed("plan").gpu_runners
 
 
+def test_an_environment_default_outside_the_choices_is_refused(monkeypatch, capsys):
+    """A workflow triggered by an event plan does not know (pull_request_target runs a fork's code with the
+    base repository's secrets) is not planned as a push."""
+    monkeypatch.setenv("GITHUB_EVENT_NAME", "pull_request_target")
+    with pytest.raises(SystemExit) as done:
+        parsed("plan")
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and "argument --event: 'pull_request_target'" in err and "is not one of" in err
+    assert parsed("plan", "--event", "pull_request").event == "pull_request"  # an explicit flag still decides
+
+
 @pytest.mark.parametrize("argv, says", [
     (("smoke", "t", "--cpu", "--gpus", "all"), "not allowed with argument --cpu"),  # one group excludes
     # The password is read from stdin only; `--password` is no abbreviation of --password-stdin, and the value
