@@ -46,6 +46,7 @@ class BuildSpec:
     epoch: int = ZIP_EPOCH
     no_cache: bool = False
     cache_ref: str | None = None  # a registry build cache (buildx only); it changes speed, never the bytes
+    rewrite_timestamps: bool = False  # file times become ZIP_EPOCH (engine.rewrites_timestamps); not content
 
 
 def spec(entry: Entry, inputs: Inputs, *, context: Path, ref: str, no_cache: bool,
@@ -56,7 +57,7 @@ def spec(entry: Entry, inputs: Inputs, *, context: Path, ref: str, no_cache: boo
     extra = {"APT_MIRROR": inputs.apt_mirror} if inputs.apt_mirror else {}
     return BuildSpec(entry=entry, context=context, ref=ref, base_ref=base["ref"], base_id=base["image_id"],
                      base_substituted=base["substituted"], build_args=extra, epoch=source_date_epoch(entry),
-                     no_cache=no_cache, cache_ref=cache_ref)
+                     no_cache=no_cache, cache_ref=cache_ref, rewrite_timestamps=engine.rewrites_timestamps())
 
 
 def input_hash(spec: BuildSpec) -> str:
@@ -75,8 +76,8 @@ def input_hash(spec: BuildSpec) -> str:
 
 
 def build_args(spec: BuildSpec) -> dict[str, str]:
-    # No SOURCE_DATE_EPOCH: the Dockerfile fixes it for every step, so that a commit does not invalidate the
-    # install layers; spec.epoch (the inputs' last commit) dates the image in its labels only.
+    # No SOURCE_DATE_EPOCH: the Dockerfile fixes it for every step (ZIP_EPOCH), so that a commit does not invalidate
+    # the install layers; spec.epoch (the inputs' last commit) dates the image in its labels only.
     return {"BASE_IMAGE": spec.base_ref, **spec.build_args}
 
 
@@ -141,7 +142,16 @@ def secret_files(inputs: Inputs) -> Iterator[dict[str, str]]:
 
 
 def argv(spec: BuildSpec, secrets: Mapping[str, str], image_labels: Mapping[str, str]) -> list[str]:
-    out = engine.client().build_argv() + ["--progress=plain", "--network=host", "-t", spec.ref]
+    # Where the engine can (engine.rewrites_timestamps), every file time in every layer and the config's dates
+    # become SOURCE_DATE_EPOCH: the same inputs give the same image digest. The exporter reads that time from a
+    # build argument (it does not see a Dockerfile ARG's default); the value is the Dockerfile's own, so no step
+    # changes, and neither does the input hash: only file times do. No provenance attestation in the loaded
+    # image: its build times would make the image differ (publish attaches the project's own provenance).
+    rewrite = spec.rewrite_timestamps
+    out = engine.client().build_argv("type=docker,rewrite-timestamp=true" if rewrite else None)
+    out += ["--progress=plain", "--network=host", "-t", spec.ref]
+    if rewrite:
+        out += ["--provenance=false", "--build-arg", f"SOURCE_DATE_EPOCH={ZIP_EPOCH}"]
     for key, value in sorted(build_args(spec).items()):
         out += ["--build-arg", f"{key}={value}"]
     if spec.no_cache:

@@ -64,8 +64,11 @@ class Client:
     binary: str
     mode: str  # "buildx" or "legacy"
 
-    def build_argv(self) -> list[str]:
-        return [self.binary, "buildx", "build", "--load"] if self.mode == "buildx" else [self.binary, "build"]
+    def build_argv(self, output: str | None = None) -> list[str]:
+        """The build command; `output` (buildx only) replaces `--load`, BuildKit's `type=docker` with no options."""
+        if self.mode != "buildx":
+            return [self.binary, "build"]
+        return [self.binary, "buildx", "build", *(["--output", output] if output else ["--load"])]
 
     def env(self) -> dict:
         return dict(os.environ, DOCKER_BUILDKIT="1")
@@ -175,6 +178,14 @@ def image_store(found: dict | None = None) -> str:
     CUDA image; buildx's default driver can export a registry cache), else "classic" (a graph driver)."""
     found = info() if found is None else found
     return "containerd" if "io.containerd.snapshotter" in str(found.get("DriverStatus")) else "classic"
+
+
+def rewrites_timestamps() -> bool:
+    """Can this docker's builds write every file time as SOURCE_DATE_EPOCH (BuildKit >= 0.13's exporter option
+    `rewrite-timestamp`)? buildx against an engine >= 26, whose embedded BuildKit is 0.13 or newer. Then two
+    builds of the same inputs give the same image, to the digest; elsewhere layers carry the build's times."""
+    major = re.match(r"([0-9]{1,4})\.", str(info().get("ServerVersion") or ""))
+    return client().mode == "buildx" and bool(major) and int(major.group(1)) >= 26
 
 
 def describe() -> dict:

@@ -194,14 +194,17 @@ def rebuild(entry, options: Options) -> dict:
         raise (EnvironmentProblem if environmental else StepFailed)(f"{entry.tag}: the repro build failed: {message}",
                                                                      hint)
     rebuilt = engine.sdk().images.get(spec.ref)
-    if rebuilt.id == existing.id:
-        # Not a second build: BuildKit merges identical steps of builds running at the same time, even
-        # with --no-cache (seen here when `build --no-cache` of the same tag ran alongside).
+    if rebuilt.id == existing.id and not spec.rewrite_timestamps:
+        # Not a second build: where layers carry the build's file times two builds cannot share an ID, unless
+        # BuildKit merged them (it merges identical steps of builds running at once, even with --no-cache; seen
+        # when `build --no-cache` of the same tag ran alongside). The tag lock keeps this checkout's builds apart.
         raise StepFailed(f"{entry.tag}: the rebuild is the very same image ({rebuilt.id[:19]}), so nothing was "
                          "compared", "run repro while no other build of this entry runs")
+    # Where file times are rewritten (engine.rewrites_timestamps) the same ID is the goal: the same digest.
     return {"image": spec.ref, "id": rebuilt.id, "build_s": round(time.monotonic() - started, 1),
             "base": {"ref": spec.base_ref, "substituted": spec.base_substituted},
-            "input_hash": digest, "original_id": existing.id}
+            "input_hash": digest, "original_id": existing.id, "timestamps_rewritten": spec.rewrite_timestamps,
+            "same_digest": rebuilt.id == existing.id}
 
 
 def _remove_rebuild(built: dict) -> None:
@@ -235,6 +238,7 @@ def run(entry, options: Options) -> Done:
         raise StepFailed(f"{entry.tag}: the rebuild differs: {report['unexplained_count']} unexplained differences",
                          f"see {paths.report(entry.tag, 'repro')}")
     return Done("reproducible", f"{result['files_compared']} files, {result['bytes_compared'] / 1e9:.2f} GB equal; "
-                                f"layers {'identical' if result['layers']['identical'] else 'differ'}")
+                                + ("the same image digest" if built["same_digest"] else
+                                   f"layers {'identical' if result['layers']['identical'] else 'differ'}"))
 
 

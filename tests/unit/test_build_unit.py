@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 
@@ -233,3 +234,33 @@ def test_a_legacy_client_uses_no_registry_cache_and_build_says_so_once(project, 
         buildkit.cache_support.cache_clear()
     err = capsys.readouterr().err
     assert err.count("--cache-ref ghcr.io/acme/cache:t: not used: /usr/bin/docker has no buildx") == 1
+
+
+@pytest.mark.parametrize("server, mode, rewrites", [("26.1.5+dfsg1", "buildx", True), ("28.0.1", "buildx", True),
+                                                    ("25.0.3", "buildx", False), ("20.10.24", "legacy", False),
+                                                    ("26.1.5", "legacy", False), ("banana", "buildx", False)])
+def test_file_times_are_rewritten_only_where_the_engine_can(monkeypatch, server, mode, rewrites):
+    monkeypatch.setattr(engine, "client", lambda: engine.Client("/usr/bin/docker", mode))
+    monkeypatch.setattr(engine, "info", lambda: {"ServerVersion": server})
+    assert engine.rewrites_timestamps() is rewrites
+
+
+def test_a_rewriting_build_exports_with_the_dockerfiles_epoch_and_keeps_its_input_hash(monkeypatch, tmp_path):
+    """Same inputs, same image digest: every file time becomes the epoch the Dockerfile fixes; the loaded image
+    holds no build-time provenance. The input hash does not move: file contents are what it covers."""
+    monkeypatch.setattr(engine, "client", lambda: engine.Client("/usr/bin/docker", "buildx"))
+    plain, rewriting = _spec(tmp_path), _spec(tmp_path, rewrite_timestamps=True)
+    argv = buildkit.argv(rewriting, {}, {})
+    assert argv[:5] == ["/usr/bin/docker", "buildx", "build", "--output", "type=docker,rewrite-timestamp=true"]
+    assert "--provenance=false" in argv and "--load" not in argv
+    assert f"SOURCE_DATE_EPOCH={buildkit.ZIP_EPOCH}" in argv
+    assert buildkit.argv(plain, {}, {})[:4] == ["/usr/bin/docker", "buildx", "build", "--load"]
+    assert "--output" not in buildkit.argv(plain, {}, {}) and "SOURCE_DATE_EPOCH" not in " ".join(
+        buildkit.argv(plain, {}, {}))
+    assert buildkit.input_hash(plain) == buildkit.input_hash(rewriting)
+
+
+def test_the_exporters_epoch_is_the_one_every_dockerfile_fixes():
+    for dockerfile in (ROOT / "dockerfiles").glob("*/Dockerfile"):
+        epochs = set(re.findall(r"^ARG SOURCE_DATE_EPOCH=(\d+)$", dockerfile.read_text(), re.M))
+        assert epochs == {str(buildkit.ZIP_EPOCH)}, dockerfile
