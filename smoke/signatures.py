@@ -90,6 +90,11 @@ SIGNATURES = [
     ("cuda_oom",
      r"CUDA out of memory|OutOfMemoryError",
      "GPU out of memory: another process holds the GPU, or the GPU is too small."),
+    ("exit_abort",
+     r"terminate called without an active exception",
+     "A rank was ended by std::terminate from a C++ thread. Seen on CPU at interpreter exit, after the rank's work "
+     "and destroy_process_group(): a gloo worker thread freeing tensors while Python finalizes "
+     "(pytorch/pytorch#190489, docs/training.md). If the rank's work was done, the job still exited non-zero."),
 ]
 
 _COMPILED = [(sid, re.compile(rx, re.IGNORECASE if sid in ("shm_too_small",) else 0), text)

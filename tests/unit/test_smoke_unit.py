@@ -50,6 +50,7 @@ def test_smoke_modules_import_no_framework_at_module_level():
      "undefined symbol: ncclCommResume", "undefined_symbol"),
     ("/bin/sh: 1: c++: not found", "compiler_missing"),
     ("OSError: libcuda.so.1: cannot open shared object file", "libcuda_missing"),
+    ("terminate called without an active exception", "exit_abort"),
 ])
 def test_signature_recognised(text, sid):
     found = signatures.diagnose("Traceback (most recent call last):\n  ...\n" + text + "\nmore\n")
