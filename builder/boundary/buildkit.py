@@ -141,14 +141,18 @@ def secret_files(inputs: Inputs) -> Iterator[dict[str, str]]:
 # --- the command -----------------------------------------------------------------------------------------
 
 
-def argv(spec: BuildSpec, secrets: Mapping[str, str], image_labels: Mapping[str, str]) -> list[str]:
-    # Where the engine can (engine.rewrites_timestamps), every file time in every layer and the config's dates
-    # become SOURCE_DATE_EPOCH: the same inputs give the same image digest. The exporter reads that time from a
-    # build argument (it does not see a Dockerfile ARG's default); the value is the Dockerfile's own, so no step
-    # changes, and neither does the input hash: only file times do. No provenance attestation in the loaded
-    # image: its build times would make the image differ (publish attaches the project's own provenance).
-    rewrite = spec.rewrite_timestamps
-    out = engine.client().build_argv("type=docker,rewrite-timestamp=true" if rewrite else None)
+def argv(spec: BuildSpec, secrets: Mapping[str, str], image_labels: Mapping[str, str],
+         archive: Path | None = None) -> list[str]:
+    # With `archive` (where the engine can: engine.rewrites_timestamps), every file time in every layer and the
+    # config's dates become SOURCE_DATE_EPOCH: the same inputs give the same image digest. The image goes to an
+    # OCI archive, which `run` loads: the engine's own exporter refuses to rewrite times ("rewrite-timestamp
+    # conflicts with unpack"). The exporter reads the time from a build argument (it does not see a Dockerfile
+    # ARG's default); the value is the Dockerfile's own, so no step changes, and neither does the input hash: only
+    # file times do. No provenance attestation: its build times would make the image differ (publish attaches
+    # the project's own provenance).
+    rewrite = archive is not None
+    out = engine.client().build_argv(f"type=oci,dest={archive},name={spec.ref},rewrite-timestamp=true"
+                                     if rewrite else None)
     out += ["--progress=plain", "--network=host", "-t", spec.ref]
     if rewrite:
         out += ["--provenance=false", "--build-arg", f"SOURCE_DATE_EPOCH={ZIP_EPOCH}"]
@@ -216,16 +220,22 @@ SESSION_LOST = re.compile(r"no active session for \S+: context deadline exceeded
 def run(spec: BuildSpec, image_labels: Mapping[str, str], inputs: Inputs) -> tuple[int, str, str]:
     """Run the build; returns (exit code, combined output, the command as shown), secrets masked in all three.
     A build that failed only because BuildKit lost its session is run once more, and says so."""
-    def attempt():
-        with secret_files(inputs) as secrets:
-            return engine.run_cli(argv(spec, secrets, image_labels), mask=tuple(inputs.secret_values))
+    with tempfile.TemporaryDirectory(prefix="builder-image-") as scratch:
+        archive = Path(scratch) / "image.tar" if spec.rewrite_timestamps else None
 
-    proc = attempt()
-    if proc.returncode != 0 and SESSION_LOST.search(proc.stdout):
-        log.info("warning: BuildKit lost this build's client session (a known transient under load, "
-                 "moby/buildkit#6422): building once more")
+        def attempt():
+            with secret_files(inputs) as secrets:
+                return engine.run_cli(argv(spec, secrets, image_labels, archive), mask=tuple(inputs.secret_values))
+
         proc = attempt()
-    return proc.returncode, proc.stdout, proc.shown
+        if proc.returncode != 0 and SESSION_LOST.search(proc.stdout):
+            log.info("warning: BuildKit lost this build's client session (a known transient under load, "
+                     "moby/buildkit#6422): building once more")
+            proc = attempt()
+        if proc.returncode != 0 or archive is None:
+            return proc.returncode, proc.stdout, proc.shown
+        loaded = engine.run_cli([engine.client().binary, "load", "-i", str(archive)])
+        return loaded.returncode, proc.stdout + loaded.stdout, proc.shown
 
 
 DISK_FULL_HINT = ("free space where the Docker engine keeps its data (`docker info -f '{{.DockerRootDir}}'`): "
@@ -251,7 +261,8 @@ FAILURE_PATTERNS = (
 # never there. Matched only on the client's lines, never on a RUN step's output (`#5 1.23 …`): a pip
 # download that ends early prints "EOF" too, and that is not the engine's fault.
 ENGINE_GONE = re.compile(
-    r"^(?:ERROR: )?(?:failed to solve: )?(?:rpc error: code = Unavailable desc = )?(?:error reading from server: )?"
+    r"^(?:ERROR: )?(?:failed to solve: )?(?:rpc error: code = Unavailable desc = |Unavailable: )?"
+    r"(?:error reading from server: )?"
     r"(?:unexpected )?EOF$"
     r"|Cannot connect to the Docker daemon at \S+"
     r"|error during connect: "

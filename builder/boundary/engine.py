@@ -188,6 +188,28 @@ def rewrites_timestamps() -> bool:
     return client().mode == "buildx" and bool(major) and int(major.group(1)) >= 26
 
 
+@contextmanager
+def holding(ref: str, hold: str) -> Iterator[None]:
+    """Keep the image `ref` names now alive under the name `hold` while the block runs. A build moves `ref`; with
+    the containerd image store the image it replaced is deleted at once (20.10 keeps it, unnamed), and the size
+    budget could not say what grew since it. Afterwards only the name goes: the image too where nothing else
+    names it."""
+    found = image_or_none(ref)
+    if found is not None:
+        repository, tag = hold.rsplit(":", 1)
+        with answering(f"while naming {ref} {hold}"):
+            found.tag(repository, tag)
+    try:
+        yield
+    finally:
+        if found is not None:
+            try:
+                with answering(f"while removing the name {hold}"):
+                    sdk().images.remove(hold)
+            except Exception as exc:  # noqa: BLE001 - a name left behind is harmless; the build's own error matters
+                log.info(f"warning: the name {hold} was left ({_reason(exc)}); `docker rmi {hold}` removes it")
+
+
 def describe() -> dict:
     """What builds here, for a build report and its provenance: the client and how it builds, the engine's version
     and its image store."""

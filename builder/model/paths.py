@@ -19,6 +19,7 @@ CONTEXT_ROOT = Path("build/context")
 MANIFEST_CACHE = Path("build/manifests")
 ATTEST_DIR = Path("build/attest")  # SBOM and provenance of each published tag, for signing in CI
 REPRO_SUFFIX = "-repro"
+PREVIOUS_SUFFIX = "-previous"  # the image a build replaces, named while the build runs (engine.holding)
 
 
 def tag_dir(entry: Entry) -> Path:
@@ -40,6 +41,10 @@ def report(tag: str, step: str) -> Path:
 def image_ref(entry: Entry) -> str:
     """The local name of the entry's image: <matrix image>:<tag>."""
     return f"{entry.image}:{entry.tag}"
+
+
+def previous_ref(entry: Entry) -> str:
+    return image_ref(entry) + PREVIOUS_SUFFIX
 
 
 def repro_ref(entry: Entry) -> str:

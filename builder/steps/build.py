@@ -86,18 +86,20 @@ def run(entry: Entry, options: Options) -> Done:
                                   image_exists=lambda ref: engine.image_or_none(ref) is not None)
     log.info("  sources: " + ", ".join(f"{c['source']} {log.mark(c['ok'])}" for c in checked["checked"]))
     facts = json.loads((staged / "image.json").read_text())
-    code, output, shown = buildkit.run(spec, buildkit.labels(spec, facts, digest), options.inputs)
-    base = {"ref": spec.base_ref, "substituted": spec.base_substituted, "image_id": spec.base_id}
-    if code != 0:
-        message, hint, environmental = buildkit.explain_failure(output)
-        reports.write(entry.tag, REPORT, {"result": "failed", "error": message, "command": shown, "input_hash": digest,
-                                        "base": base, "duration_s": round(time.monotonic() - started, 1)})
-        raise (EnvironmentProblem if environmental else StepFailed)(f"{entry.tag}: {message}", hint)
-    with engine.answering("after the build"):
-        image = engine.sdk().images.get(spec.ref)
-        found = inspect.installed(spec.ref)
-    mismatches = inspect.problems(facts, found)
-    over = None if mismatches else diff.over_budget(entry, image, baselines)
+    with engine.holding(spec.ref, paths.previous_ref(entry)):  # what the size budget compares with
+        code, output, shown = buildkit.run(spec, buildkit.labels(spec, facts, digest), options.inputs)
+        base = {"ref": spec.base_ref, "substituted": spec.base_substituted, "image_id": spec.base_id}
+        if code != 0:
+            message, hint, environmental = buildkit.explain_failure(output)
+            reports.write(entry.tag, REPORT, {"result": "failed", "error": message, "command": shown,
+                                              "input_hash": digest, "base": base,
+                                              "duration_s": round(time.monotonic() - started, 1)})
+            raise (EnvironmentProblem if environmental else StepFailed)(f"{entry.tag}: {message}", hint)
+        with engine.answering("after the build"):
+            image = engine.sdk().images.get(spec.ref)
+            found = inspect.installed(spec.ref)
+        mismatches = inspect.problems(facts, found)
+        over = None if mismatches else diff.over_budget(entry, image, baselines)
     report = {
         "result": "failed" if mismatches or over else "built", **({"error": over} if over else {}),
         "image": spec.ref, "image_id": image.id, "size_bytes": image.attrs.get("Size"),

@@ -38,7 +38,10 @@ REF = f"ghcr.io/train-images/train:{CI_TAG}"  # the entry's image name, only eve
 BUILD = ("build", CI_TAG, "--local-base")
 FIRST = "ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nRUN echo one > /version\n"
 # The markers are computed in the shell so that only the RUN's output carries them, not BuildKit's step title.
-SLOW = "ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nRUN echo started-$((6*7)) && sleep 10 && echo two > /version\n"
+# The RUN outlasts the marker by far: buildx's plain progress may hold a step's output back up to 10 s while
+# another step is still open (its printer's maxDelay); with `sleep 10` the marker came out only when the step had
+# ended, and the engine was stopped after a finished build.
+SLOW = "ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nRUN echo started-$((6*7)) && sleep 40 && echo two > /version\n"
 BIG = "ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nRUN head -c 100M /dev/zero > /big && echo two > /version\n"
 EXPORT = ("ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\n"
           "RUN head -c 50M /dev/zero > /big && echo two > /version && echo written-$((6*7)) && sleep 3\n")

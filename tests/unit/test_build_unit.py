@@ -250,8 +250,9 @@ def test_a_rewriting_build_exports_with_the_dockerfiles_epoch_and_keeps_its_inpu
     holds no build-time provenance. The input hash does not move: file contents are what it covers."""
     monkeypatch.setattr(engine, "client", lambda: engine.Client("/usr/bin/docker", "buildx"))
     plain, rewriting = _spec(tmp_path), _spec(tmp_path, rewrite_timestamps=True)
-    argv = buildkit.argv(rewriting, {}, {})
-    assert argv[:5] == ["/usr/bin/docker", "buildx", "build", "--output", "type=docker,rewrite-timestamp=true"]
+    argv = buildkit.argv(rewriting, {}, {}, archive=tmp_path / "image.tar")
+    assert argv[:5] == ["/usr/bin/docker", "buildx", "build", "--output",
+                        f"type=oci,dest={tmp_path}/image.tar,name=example/train:t,rewrite-timestamp=true"]
     assert "--provenance=false" in argv and "--load" not in argv
     assert f"SOURCE_DATE_EPOCH={buildkit.ZIP_EPOCH}" in argv
     assert buildkit.argv(plain, {}, {})[:4] == ["/usr/bin/docker", "buildx", "build", "--load"]
@@ -264,3 +265,27 @@ def test_the_exporters_epoch_is_the_one_every_dockerfile_fixes():
     for dockerfile in (ROOT / "dockerfiles").glob("*/Dockerfile"):
         epochs = set(re.findall(r"^ARG SOURCE_DATE_EPOCH=(\d+)$", dockerfile.read_text(), re.M))
         assert epochs == {str(buildkit.ZIP_EPOCH)}, dockerfile
+
+
+@pytest.mark.parametrize("build_code", [0, 1])
+def test_a_rewriting_build_is_loaded_from_its_archive_which_is_then_removed(monkeypatch, tmp_path, build_code):
+    from types import SimpleNamespace
+
+    calls = []
+
+    def run_cli(argv, mask=()):
+        calls.append(argv)
+        if argv[1] == "buildx":
+            archive = argv[argv.index("--output") + 1].split("dest=")[1].split(",")[0]
+            open(archive, "w").write("oci")  # what BuildKit's exporter writes
+            return SimpleNamespace(returncode=build_code, stdout="built\n", shown="docker buildx build …")
+        assert argv[1:3] == ["load", "-i"] and open(argv[3]).read() == "oci"
+        return SimpleNamespace(returncode=0, stdout="Loaded image: example/train:t\n", shown="docker load …")
+
+    monkeypatch.setattr(engine, "client", lambda: engine.Client("/usr/bin/docker", "buildx"))
+    monkeypatch.setattr(engine, "run_cli", run_cli)
+    code, output, _ = buildkit.run(_spec(tmp_path, rewrite_timestamps=True), {}, Inputs())
+    assert code == build_code and len(calls) == (2 if build_code == 0 else 1)  # a failed build loads nothing
+    assert ("Loaded image" in output) is (build_code == 0)
+    archive = calls[0][calls[0].index("--output") + 1].split("dest=")[1].split(",")[0]
+    assert not os.path.exists(os.path.dirname(archive)), "the archive (gigabytes) is removed after the load"

@@ -22,6 +22,8 @@ ENGINE_GONE = {
     "unexpected EOF": RUN_LINES + "unexpected EOF\n",
     "EOF": RUN_LINES + "EOF\n",
     "buildx": RUN_LINES + "ERROR: failed to solve: rpc error: code = Unavailable desc = error reading from server: EOF\n",
+    # buildx 0.13 (Debian 13) against a dockerd stopped with SIGTERM mid-RUN:
+    "buildx 0.13": RUN_LINES + "ERROR: failed to solve: Unavailable: error reading from server: EOF\n",
     "cannot connect": "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon "
                       "running?\n",
     "error during connect": "error during connect: Post \"http://%2Fvar%2Frun%2Fdocker.sock/v1.41/build\": EOF\n",
