@@ -220,7 +220,10 @@ SESSION_LOST = re.compile(r"no active session for \S+: context deadline exceeded
 def run(spec: BuildSpec, image_labels: Mapping[str, str], inputs: Inputs) -> tuple[int, str, str]:
     """Run the build; returns (exit code, combined output, the command as shown), secrets masked in all three.
     A build that failed only because BuildKit lost its session is run once more, and says so."""
-    with tempfile.TemporaryDirectory(prefix="builder-image-") as scratch:
+    # The archive holds the whole image (gigabytes): beside the build contexts, on the checkout's disk, not in a
+    # /tmp that may be memory.
+    paths.CONTEXT_ROOT.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".image-", dir=paths.CONTEXT_ROOT) as scratch:
         archive = Path(scratch) / "image.tar" if spec.rewrite_timestamps else None
 
         def attempt():
