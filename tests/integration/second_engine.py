@@ -94,8 +94,11 @@ def _state(pid: int) -> str:
 class Engine:
     """One private dockerd. `fs_size` puts its data root on a loop-mounted ext4 file system of that size."""
 
-    def __init__(self, fs_size: str | None = None):
+    def __init__(self, fs_size: str | None = None, modern: Path | None = None):
+        """`modern`: the directory `DOCKER_ENGINE=modern make docker` unpacked Docker 26 into (/opt/docker-modern):
+        that dockerd, its containerd, and the containerd image store, instead of the dockerd on PATH."""
         self.dir = Path(tempfile.mkdtemp(prefix="bft-", dir="/tmp"))  # short: a socket path has 108 bytes
+        self.modern = modern
         # Its containerd namespace and cgroup: mkdtemp's letters include "_", and containerd refuses an identifier
         # with "-_" or "__" in it (`docker run`: "namespace validation"), so the underscores become letters.
         self.cgroup = self.dir.name.replace("_", "u")
@@ -116,7 +119,7 @@ class Engine:
                 self.cleanup()
                 pytest.skip(f"cannot loop-mount an ext4 image here: {mounted.stderr.strip()[-200:]}")
         self.data = (self.fs or self.dir) / "data"
-        (self.dir / "daemon.json").write_text("{}")
+        (self.dir / "daemon.json").write_text('{"features": {"containerd-snapshotter": true}}' if modern else "{}")
         # Its own bridge, never `--bridge=none`: a dockerd started without a bridge deletes docker0 (moby's
         # removeDefaultBridgeInterface), the main engine's bridge, and every bridged build or container there
         # fails after it ("could not find bridge docker0"; found by the full suite).
@@ -136,7 +139,9 @@ class Engine:
         return dict(os.environ, DOCKER_HOST=self.host, DOCKER_BUILDKIT="1", **extra)
 
     def start(self, timeout: float = 60) -> None:
-        argv = ["dockerd", "--config-file", str(self.dir / "daemon.json"), "--data-root", str(self.data),
+        dockerd = (["env", f"PATH={self.modern}/usr/sbin:{self.modern}/usr/bin:{os.environ['PATH']}",
+                    f"{self.modern}/usr/sbin/dockerd"] if self.modern else ["dockerd"])
+        argv = [*dockerd, "--config-file", str(self.dir / "daemon.json"), "--data-root", str(self.data),
                 "--exec-root", str(self.dir / "exec"), "--pidfile", str(self.dir / "dockerd.pid"),
                 "-H", self.host, "--bridge", self.bridge, "--iptables=false", "--ip-masq=false",
                 "--containerd-namespace", self.cgroup, "--containerd-plugins-namespace", self.cgroup + "-plugins",
