@@ -28,7 +28,6 @@ NVCC_LOCK = "nvcc.lock"  # nvcc from PyPI (toolchain.nvcc kind pypi)
 OPS_APT_LOCK = "ops-apt.lock"  # nvcc from the distribution (toolchain.nvcc kind debian)
 OPS_DEB_LOCK = "ops-deb.lock"  # nvcc from another release's .debs, unpacked (toolchain.nvcc kind debian-unpacked)
 PYTHON_LOCKS = (TORCH_LOCK, LOCK, OPS_LOCK, DEEPSPEED_LOCK, NVCC_LOCK)
-ALL = (*PYTHON_LOCKS, APT_LOCK, OPS_APT_LOCK, OPS_DEB_LOCK, FLASH_LOCK)
 # The lock file each toolchain.nvcc kind needs (kind image needs none: NVIDIA's devel image is the source).
 NVCC_KIND_LOCK = {"pypi": NVCC_LOCK, "debian": OPS_APT_LOCK, "debian-unpacked": OPS_DEB_LOCK}
 

@@ -27,7 +27,6 @@ MAX_ENTRIES = 200
 # Every pattern here is applied with re.fullmatch: `$` also matches before a final newline, and a value
 # ending in "\n" would split a Dockerfile instruction or name another directory.
 TAG_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
-IMAGE_NAME_RE = reference.NAME_RE
 BASE_RE = reference.REFERENCE_RE
 # No userinfo (credentials belong in a BuildKit secret, not in a file that is committed and rendered),
 # no query or fragment: the URL is written into a RUN instruction.

@@ -23,7 +23,6 @@ tests/unit/test_layering.py; shared pieces live in builder/model and builder/bou
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -84,16 +83,3 @@ class Done:
     result: str
     detail: str = ""
 
-
-class Step(Protocol):
-    Options: type
-
-    def prepare(self, entries: list, options): ...
-
-    def run(self, entry, options) -> Done: ...
-
-
-class Tool(Protocol):
-    Options: type
-
-    def main(self, options, matrix) -> int: ...
