@@ -135,8 +135,7 @@ COPY ops.lock deepspeed.lock /opt/ops/
 # It also drops -g (debug info the linker strips anyway: LDFLAGS=-s; it only slows the compile). The sdist is built from a fixed
 # directory, not pip's random temporary one: paths that reach the objects (__FILE__) are the same every build.
 # NVCC_APPEND_FLAGS: nvcc compiles the GPU archs of a .cu file in parallel (FusedAdam's builder does not ask for
-# it; the objects are the same, only the wall time differs), and keeps its intermediate files beside the object:
-# by default it names them tmpxft_<pid>_… in /tmp and writes that name into the object, so two builds differed.
+# it); the objects are the same, only the wall time differs.
 ENV DS_ACCELERATOR=cuda \
     TORCH_CUDA_ARCH_LIST="7.0;8.0;9.0+PTX" \
     CUDA_HOME=/usr/local/cuda \
@@ -144,7 +143,7 @@ ENV DS_ACCELERATOR=cuda \
     CXX=/opt/ops/bin/cc \
     LDFLAGS=-s \
     MAX_JOBS=2 \
-    NVCC_APPEND_FLAGS="--threads 0 --objdir-as-tempdir"
+    NVCC_APPEND_FLAGS="--threads 0"
 RUN --mount=type=cache,id=uv-cache,target=/var/cache/uv,sharing=shared \
     --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/usr/local/bin/uv \
     --mount=type=secret,id=pip_cert,required=false \
