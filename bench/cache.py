@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -74,7 +75,7 @@ def main() -> int:
         if second is not None:
             second.cleanup()
         registry.stop()
-        subprocess.run(["rm", "-rf", str(work)])
+        shutil.rmtree(work, ignore_errors=True)
     print("\n| tag | A cold (build + cache export) | B, another engine, from the cache | B / A |\n|---|---:|---:|---:|")
     print(f"| {args.tag} | {cold:.0f} s | {warm:.0f} s | {warm / cold:.2f} |")
     print(f"engine {server.stdout.strip()} (both), target B / A ≤ 0.15: {'met' if warm / cold <= 0.15 else 'not met'}")

@@ -3,7 +3,7 @@
     @dataclass(frozen=True)
     class Options:
         image: str = arg(metavar="IMAGE", help="…")                  # a positional argument, required
-        out: str = arg("--out", ".", metavar="DIR", help="…")      # a flag; "." is the default of both
+        out: str = arg("--out", default=".", metavar="DIR", help="…")  # a flag; "." is the default of both
         check: bool = switch("--check", help="…")                    # store_true, False
         inputs: Inputs = nested(Inputs)                              # that dataclass's flags, as one field
 

@@ -47,7 +47,7 @@ def prepare(entries: list[Entry], options: Options) -> Options:
 
 def _check_cache_ref(ref: str | None) -> None:
     """The value goes into `--cache-from type=registry,ref=…`: a comma would add cache options of the user's own
-    (`type=local,dest=/anywhere`), so only a plain pushable reference (REPORT[:TAG], no digest) is accepted."""
+    (`type=local,dest=/anywhere`), so only a plain pushable reference (NAME[:TAG], no digest) is accepted."""
     if ref is None:
         return
     why = "a digest cannot be pushed to" if "@" in ref else reference.problem(ref)

@@ -289,3 +289,31 @@ def test_a_rewriting_build_is_loaded_from_its_archive_which_is_then_removed(monk
     assert ("Loaded image" in output) is (build_code == 0)
     archive = calls[0][calls[0].index("--output") + 1].split("dest=")[1].split(",")[0]
     assert not os.path.exists(os.path.dirname(archive)), "the archive (gigabytes) is removed after the load"
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_image_a_build_replaces_is_named_only_while_the_build_runs(monkeypatch, capsys, fails):
+    """The containerd store deletes a replaced image at once: the size budget needs it named until it has
+    compared; afterwards only that name goes (never the image by ID), even when the build failed, and a name
+    that cannot be removed is a warning, not a second error over the build's own."""
+    from types import SimpleNamespace
+
+    events = []
+    old = SimpleNamespace(id="sha256:" + "a" * 64, tag=lambda repo, tag: events.append(("tag", f"{repo}:{tag}")))
+
+    def remove(ref):
+        events.append(("remove", ref))
+        if fails:
+            raise RuntimeError("engine gone")
+
+    monkeypatch.setattr(engine, "image_or_none", lambda ref: old if ref == "r/x:t" else None)
+    monkeypatch.setattr(engine, "sdk", lambda: SimpleNamespace(images=SimpleNamespace(remove=remove)))
+    with pytest.raises(KeyError), engine.holding("r/x:t", "r/x:t-previous"):
+        events.append(("build",))
+        raise KeyError("the build failed")
+    assert events == [("tag", "r/x:t-previous"), ("build",), ("remove", "r/x:t-previous")]
+    assert ("the name r/x:t-previous was left" in capsys.readouterr().err) is fails
+    events.clear()
+    with engine.holding("r/y:t", "r/y:t-previous"):  # no image yet: nothing named, nothing removed
+        events.append(("build",))
+    assert events == [("build",)]
