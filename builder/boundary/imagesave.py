@@ -22,6 +22,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
+import zstandard
+
 from builder import fsutil, log
 from builder.boundary import buildkit, engine, process, tarstream
 from builder.errors import EnvironmentProblem, UserError
@@ -156,9 +158,11 @@ class _Peek(io.RawIOBase):
         return self.rest.readinto(buf)
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 MAX_BLOB = 16 << 20  # manifest.json and image configs are kilobytes; a bigger JSON member is not read
-_BAD_ARCHIVE = (EOFError, tarfile.TarError, ValueError, zlib.error, gzip.BadGzipFile, UnicodeError, KeyError,
-                IndexError, TypeError, RecursionError)
+_BAD_ARCHIVE = (EOFError, tarfile.TarError, ValueError, zlib.error, gzip.BadGzipFile, zstandard.ZstdError,
+                UnicodeError, KeyError, IndexError, TypeError, RecursionError)
 
 
 def read_save(stream, source: str = "the archive") -> dict:
@@ -189,10 +193,16 @@ def _read_save(stream) -> dict:
         if not member.isreg():
             continue
         head = data.read(BLOCK)
-        if len(head) >= 262 and head[257:262] == b"ustar" or head[:2] == b"\x1f\x8b":
+        compressed = head[:2] == GZIP_MAGIC or head[:4] == ZSTD_MAGIC
+        if len(head) >= 262 and head[257:262] == b"ustar" or compressed:
             raw = io.BufferedReader(_Peek(head, data), CHUNK)
-            if head[:2] == b"\x1f\x8b":  # OCI layouts may keep layers compressed
+            # OCI layouts (the containerd image store's `docker save`) keep layers as they are stored: gzip, or
+            # zstd where the build chose it (buildkit.COMPRESSION)
+            if head[:2] == GZIP_MAGIC:
                 raw = io.BufferedReader(gzip.GzipFile(fileobj=raw), CHUNK)
+            elif head[:4] == ZSTD_MAGIC:
+                raw = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True),
+                                        CHUNK)
             hashing = _Hashing(raw)
             layers[member.name] = read_layer(io.BufferedReader(hashing, CHUNK))
             layers[member.name]["diff_id"] = hashing.drained()

@@ -30,6 +30,10 @@ class Options:
     cache_ref: str | None = arg("--cache-ref", default=None, metavar="REF",
                                 help="registry build cache (e.g. ghcr.io/acme/train-cache:TAG); used where docker "
                                      "has buildx")
+    compression: str | None = arg("--compression", default=None, choices=buildkit.COMPRESSIONS,
+                                  help="the layers' compression where the build writes them (Docker >= 26 with "
+                                       "buildx): zstd (default; pulls and unpacks faster, needs Docker >= 23 or "
+                                       "containerd >= 1.5 to pull) or gzip (any client). Docker 20.10 pushes gzip")
     inputs: inputs.Inputs = nested(inputs.Inputs)
 
 
@@ -37,6 +41,9 @@ def prepare(entries: list[Entry], options: Options) -> Options:
     resolved = options.inputs.resolved()  # bad flag values and a missing CA bundle stop here, before any tag
     _check_cache_ref(options.cache_ref)
     engine.sdk()  # fail once, before any tag, when no engine answers
+    if options.compression == "zstd" and not engine.rewrites_timestamps():
+        log.info("warning: --compression zstd: this engine's layers are gzip when pushed (zstd needs Docker >= 26 "
+                 "with buildx, where the build writes the image itself)")
     if options.cache_ref:
         support = buildkit.cache_support()  # probed once; said once, not per tag
         if support.mode != "registry":
@@ -55,10 +62,13 @@ def _check_cache_ref(ref: str | None) -> None:
         raise UserError(f"--cache-ref {ref[:100]!r}: {why}", "give a registry reference, e.g. ghcr.io/acme/cache:train")
 
 
-def _skippable(entry: Entry, digest: str) -> dict | None:
-    """The previous report when this builder built exactly these inputs and that image is still here."""
+def _skippable(entry: Entry, digest: str, compression: str) -> dict | None:
+    """The previous report when this builder built exactly these inputs, compressed alike, and that image is still
+    here."""
     previous = reports.read(entry.tag, REPORT, required=False)
     if not previous or previous.get("result") not in ("built", "skipped") or previous.get("input_hash") != digest:
+        return None
+    if previous.get("layer_compression", "gzip") != compression:
         return None
     image = engine.image_or_none(paths.image_ref(entry))
     if image is None or image.id != previous.get("image_id"):
@@ -72,11 +82,13 @@ def run(entry: Entry, options: Options) -> Done:
     started = time.monotonic()
     staged = context.stage(entry, options.inputs)
     spec = buildkit.spec(entry, options.inputs, context=staged, ref=paths.image_ref(entry),
-                         no_cache=options.no_cache, cache_ref=options.cache_ref)
+                         no_cache=options.no_cache, cache_ref=options.cache_ref,
+                         compression=options.compression or "zstd")
     digest = buildkit.input_hash(spec)
+    compression = buildkit.layer_compression(spec)
     # Read before this build replaces them: the images a size budget compares with (builder/model/budget.py).
     baselines = [reports.read(entry.tag, s, required=False) for s in ("publish", REPORT)]
-    previous = None if options.force else _skippable(entry, digest)
+    previous = None if options.force else _skippable(entry, digest, compression)
     if previous:
         reports.write(entry.tag, REPORT, {**previous, "result": "skipped", "reason": "this builder built these inputs",
                                         "duration_s": round(time.monotonic() - started, 1)})
@@ -107,6 +119,7 @@ def run(entry: Entry, options: Options) -> Done:
         "builder_version": builder.__version__, "base": base,
         "versions": found.get("versions"), "torch_cuda": found.get("torch_cuda"),
         "verification": mismatches or "ok", "source_date_epoch": buildkit.ZIP_EPOCH,  # what the steps used
+        "timestamps_rewritten": spec.rewrite_timestamps, "layer_compression": compression,
         "docker": engine.describe(),
     }
     reports.write(entry.tag, REPORT, report)

@@ -107,10 +107,15 @@ def record(entry: Entry, directory: Path) -> dict:
         "lock_exceptions": [f"{name}: {why}" for name, why in sorted(entry.lock_exceptions.items())],
         "smoke": _smoke(smoke, image_id),
         "published": None if not publish else {**{k: publish.get(k) for k in (
-            "registry", "repository", "full_tag", "alias", "digest", "pull", "published_at")},
+            "registry", "repository", "full_tag", "alias", "digest", "pull", "published_at", "layer_compression")},
             **({"audit": publish["audit"]} if publish.get("audit") else {})},  # publish --max-severity's audit
         "repro": _repro(_read(directory, entry.tag, "repro")),
     }
+
+
+# Who can pull an image, by the compression of its layers (docs/publishing.md).
+CLIENT_FLOOR = {"zstd": "pulls need Docker >= 23 or containerd >= 1.5",
+                "gzip": "any OCI client pulls it"}
 
 
 def render_json(records: list[dict]) -> str:
@@ -155,6 +160,8 @@ def render_markdown(records: list[dict], source: str) -> str:
             full = f"{p['repository']}:{p['full_tag']}"
             lines += [f"- full tag: {_code(full)}",
                       f"- digest: {_code(p['digest'])}", f"- pull: {pull} (published {_md(p['published_at'])})"]
+            if p.get("layer_compression") in CLIENT_FLOOR:
+                lines.append(f"- layers: {p['layer_compression']} ({CLIENT_FLOOR[p['layer_compression']]})")
             lines.append(f"- vulnerabilities: {_md(p.get('audit') or 'not audited at publish (no --max-severity)')}")
         lines += [f"- image ID: {_code(r['image_id'])}" if r["image_id"] else "- image ID: —",
                   f"- size: {_gb(r['size_bytes'])}, Python {_md(r['python'])}, CUDA {_md(r['cuda'])}, "

@@ -357,6 +357,8 @@ def publish_one(entry, args: Options, config: Path | None) -> dict:
         raise StepFailed(f"{repo.ref}:{full}: the registry serves {served}, the push reported {pushed}, the local "
                          f"image records {sorted(local) or 'none'}",
                          "the alias was not moved; investigate the registry")
+    compression = layer_compression(retrying(f"read back {repo.ref}@{served[:19]}",
+                                             lambda: registry.manifest(repo, served, config), args.retries))
     evidence = {"smoke": smoke, "locks": locks, "audit": audited, "facts": facts, "build": build}
     attached = attest(entry, repo, pushed, image, evidence, config, args.retries)
     _after_full_push(repo, served)
@@ -368,11 +370,24 @@ def publish_one(entry, args: Options, config: Path | None) -> dict:
         raise StepFailed(f"{repo.ref}:{entry.tag} points at {alias_served}, expected {served}",
                          "publish again; the full tag is correct")
     report = {**planned, "result": "published", "digest": served, "attestations": attached,
-              "size_bytes": image.attrs.get("Size"),
+              "size_bytes": image.attrs.get("Size"), "layer_compression": compression,
               "pull": f"{repo.ref}@{served}", "push_seconds": round(time.monotonic() - started, 1),
               "published_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
     reports.write(entry.tag, "publish", report)
     return report
+
+
+def layer_compression(found: tuple[dict, str, str] | None) -> str:
+    """The compression of the layers as the registry serves them (registry.manifest's answer), which decides who
+    can pull: zstd needs Docker >= 23 or containerd >= 1.5, gzip any client. "mixed" or "unknown" (an index, or
+    a media type we do not know) are said as they are."""
+    layers = (found[0].get("layers") if found else None) or []
+    kinds = {str(layer.get("mediaType", "")).rsplit(".", 1)[-1].rsplit("+", 1)[-1] if isinstance(layer, dict) else ""
+             for layer in layers}
+    kinds = {"gzip" if k in ("gzip", "tar.gzip") else k for k in kinds}
+    if not layers or not kinds <= {"gzip", "zstd"}:
+        return "unknown"
+    return kinds.pop() if len(kinds) == 1 else "mixed"
 
 
 def attest(entry, repo, digest: str, image, evidence: dict, config, tries: int) -> dict:

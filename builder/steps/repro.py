@@ -180,7 +180,10 @@ def rebuild(entry, options: Options) -> dict:
         raise UserError(f"{original} is not here: nothing to compare with",
                         f"build it first: `python -m builder build {entry.tag}`")
     staged = context.stage(entry, options.inputs, root=paths.CONTEXT_ROOT / "repro")
-    spec = buildkit.spec(entry, options.inputs, context=staged, ref=paths.repro_ref(entry), no_cache=True)
+    # Compressed as the build was: the layer digests are compared too.
+    built = reports.read(entry.tag, "build", required=False) or {}
+    spec = buildkit.spec(entry, options.inputs, context=staged, ref=paths.repro_ref(entry), no_cache=True,
+                         compression=built.get("layer_compression") or "zstd")
     digest = buildkit.input_hash(spec)
     if existing.labels.get(f"{buildkit.LABEL_PREFIX}.input-hash") != digest:
         raise UserError(f"{original} was built from other inputs than these (dockerfiles/{entry.tag}/, "

@@ -126,6 +126,7 @@ def test_publish_then_pull_back_by_digest_and_alias(project, registry, images, c
     assert report["full_tag"] == full and report["alias"] == TAG and report["image_id"] == image_id
     assert registry.digest("team/train", full) == report["digest"] == registry.digest("team/train", TAG)
     assert report["digest"] in capsys.readouterr().err  # the summary names the digest
+    assert report["layer_compression"] == "gzip"  # `docker build` pushes gzip on every engine: any client pulls it
 
     docker("rmi", "-f", image_id)  # gone locally: the pulls below must fetch from the registry
     repo = f"{registry.host}/team/train"

@@ -252,13 +252,33 @@ def test_a_rewriting_build_exports_with_the_dockerfiles_epoch_and_keeps_its_inpu
     plain, rewriting = _spec(tmp_path), _spec(tmp_path, rewrite_timestamps=True)
     argv = buildkit.argv(rewriting, {}, {}, archive=tmp_path / "image.tar")
     assert argv[:5] == ["/usr/bin/docker", "buildx", "build", "--output",
-                        f"type=oci,dest={tmp_path}/image.tar,name=example/train:t,rewrite-timestamp=true"]
+                        f"type=oci,dest={tmp_path}/image.tar,name=example/train:t,rewrite-timestamp=true,"
+                        "compression=zstd,compression-level=3,force-compression=true,oci-mediatypes=true"]
     assert "--provenance=false" in argv and "--load" not in argv
     assert f"SOURCE_DATE_EPOCH={buildkit.ZIP_EPOCH}" in argv
     assert buildkit.argv(plain, {}, {})[:4] == ["/usr/bin/docker", "buildx", "build", "--load"]
     assert "--output" not in buildkit.argv(plain, {}, {}) and "SOURCE_DATE_EPOCH" not in " ".join(
         buildkit.argv(plain, {}, {}))
     assert buildkit.input_hash(plain) == buildkit.input_hash(rewriting)
+
+
+@pytest.mark.parametrize("rewrite, asked, layers", [(True, "zstd", "zstd"), (True, "gzip", "gzip"),
+                                                    (False, "zstd", "gzip"), (False, "gzip", "gzip")])
+def test_layers_are_compressed_as_asked_where_the_build_writes_them_and_the_cache_alike(
+        monkeypatch, tmp_path, rewrite, asked, layers):
+    """zstd only where the build writes the image itself; elsewhere the engine's gzip. The registry cache holds
+    the same compression, and the choice never moves the input hash (it is not content)."""
+    monkeypatch.setattr(engine, "client", lambda: engine.Client("/usr/bin/docker", "buildx"))
+    monkeypatch.setattr(buildkit, "cache_support", lambda: buildkit.CacheSupport("registry", ""))
+    spec = _spec(tmp_path, rewrite_timestamps=rewrite, compression=asked, cache_ref="127.0.0.1:5000/cache:t")
+    assert buildkit.layer_compression(spec) == layers
+    argv = buildkit.argv(spec, {}, {}, archive=tmp_path / "image.tar" if rewrite else None)
+    cache_to = argv[argv.index("--cache-to") + 1]
+    assert f"compression={layers}" in cache_to and cache_to.startswith("type=registry,ref=127.0.0.1:5000/cache:t,")
+    if rewrite:
+        assert f"compression={asked}" in argv[argv.index("--output") + 1]
+    assert ("force-compression=true" in cache_to) is (layers == "zstd")
+    assert buildkit.input_hash(spec) == buildkit.input_hash(_spec(tmp_path))
 
 
 def test_the_exporters_epoch_is_the_one_every_dockerfile_fixes():

@@ -30,7 +30,8 @@ def write_reports(image_id: str = IMAGE_ID, smoke_id: str = IMAGE_ID) -> None:
     reports.write(TAG, "publish", {"result": "published", "image_id": image_id, "registry": "ghcr.io/acme",
                                    "repository": "ghcr.io/acme/train", "full_tag": FULL, "alias": TAG,
                                    "digest": DIGEST, "pull": f"ghcr.io/acme/train@{DIGEST}",
-                                   "published_at": "2026-12-02T15:40:00Z", "size_bytes": 5_709_747_927})
+                                   "published_at": "2026-12-02T15:40:00Z", "size_bytes": 5_709_747_927,
+                                   "layer_compression": "zstd"})
 
 
 def write_repro() -> None:
@@ -56,6 +57,9 @@ def test_generated_from_reports(project):
     assert entry["versions"]["torch"] == "2.13.0" and entry["versions_source"] == "measured in the image"
     assert entry["repro"]["verdict"] == "reproducible" and entry["repro"]["date"] == "2026-12-03"
     assert entry["ci_builds"] is True and "built by our CI in every run; gate CPU" in md
+    # who can pull it: zstd layers need a client that reads them
+    assert entry["published"]["layer_compression"] == "zstd"
+    assert "- layers: zstd (pulls need Docker >= 23 or containerd >= 1.5)" in md
 
 
 def test_gate_level_and_exceptions_reach_the_catalog_list_and_readme(project, capsys):

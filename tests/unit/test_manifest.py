@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
 import tarfile
 
 import pytest
+import zstandard
 
 from builder.boundary import imagesave
 from builder.model import manifest
@@ -36,13 +38,14 @@ def _tar(members: list[tuple[str, str, bytes | str | None]]) -> bytes:
     return buf.getvalue()
 
 
-def fake_save(layers: list[list]) -> bytes:
-    """A `docker save` archive (legacy layout) with the given layers, bottom first."""
+def fake_save(layers: list[list], compress=lambda tar: tar) -> bytes:
+    """A `docker save` archive with the given layers, bottom first; `compress` stores each layer as an OCI layout
+    from the containerd image store does (gzip or zstd blobs; the diff_ids stay those of the plain tars)."""
     names = [f"l{i}/layer.tar" for i in range(len(layers))]
     tars = [_tar(layer) for layer in layers]
     config = {"rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(t).hexdigest() for t in tars]}}
     top = [{"Config": "abc123.json", "RepoTags": ["t:1"], "Layers": names}]
-    members = [(n, "file", t) for n, t in zip(names, tars)]
+    members = [(n, "file", compress(t)) for n, t in zip(names, tars)]
     members += [("abc123.json", "file", json.dumps(config)), ("manifest.json", "file", json.dumps(top))]
     return _tar(members)
 
@@ -96,6 +99,32 @@ def test_output_is_deterministic():
     one = manifest.dumps(manifest.build_manifest(imagesave.read_save(io.BytesIO(archive)), "t:1"))
     two = manifest.dumps(manifest.build_manifest(imagesave.read_save(io.BytesIO(archive)), "t:1"))
     assert one == two and json.loads(one)["files"]
+
+
+def _zstd_frames(data: bytes) -> bytes:
+    """zstd as BuildKit writes it can hold several frames: two here, to read across."""
+    half = len(data) // 2
+    return b"".join(zstandard.ZstdCompressor(level=3).compress(part) for part in (data[:half], data[half:]))
+
+
+@pytest.mark.parametrize("compress", [gzip.compress, _zstd_frames], ids=["gzip", "zstd"])
+def test_compressed_layers_give_the_manifest_of_the_plain_ones(compress):
+    plain = manifest.build_manifest(imagesave.read_save(io.BytesIO(fake_save([LOWER, UPPER]))), "t:1")
+    packed = fake_save([LOWER, UPPER], compress)
+    assert packed != fake_save([LOWER, UPPER])
+    assert manifest.build_manifest(imagesave.read_save(io.BytesIO(packed)), "t:1") == plain
+
+
+def test_a_damaged_zstd_layer_is_a_user_error_not_a_traceback():
+    from builder.errors import UserError
+
+    def damaged(tar: bytes) -> bytes:
+        blob = bytearray(zstandard.ZstdCompressor().compress(tar))
+        blob[len(blob) // 2] ^= 0xFF
+        return bytes(blob)
+
+    with pytest.raises(UserError, match="not a valid `docker save` archive|hashes to"):
+        imagesave.read_save(io.BytesIO(fake_save([LOWER], damaged)), "saved.tar")
 
 
 def test_not_a_save_archive_is_a_user_error():

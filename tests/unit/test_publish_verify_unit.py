@@ -237,3 +237,17 @@ def test_the_attestation_subject_comes_from_the_pushed_bytes_not_the_registrys_h
     monkeypatch.setattr(registry, "call", lambda *a, **k: answer(b'{"other": "manifest"}'))
     with pytest.raises(StepFailed, match=f"not {digest}"):
         registry.checked_descriptor(repo, digest)
+
+
+@pytest.mark.parametrize("types, said", [
+    (["application/vnd.oci.image.layer.v1.tar+zstd"] * 2, "zstd"),
+    (["application/vnd.docker.image.rootfs.diff.tar.gzip", "application/vnd.oci.image.layer.v1.tar+gzip"], "gzip"),
+    (["application/vnd.oci.image.layer.v1.tar+gzip", "application/vnd.oci.image.layer.v1.tar+zstd"], "mixed"),
+    (["application/vnd.oci.image.layer.v1.tar"], "unknown"), ([], "unknown"), ([7], "unknown")])
+def test_publish_reports_the_layers_compression_as_the_registry_serves_them(types, said):
+    """What decides which clients can pull (zstd: Docker >= 23, containerd >= 1.5), read from the served manifest;
+    anything it cannot tell is "unknown", never a guess."""
+    layers = [{"mediaType": t} if isinstance(t, str) else t for t in types]
+    assert publish.layer_compression(({"layers": layers}, "", "")) == said
+    assert publish.layer_compression(None) == "unknown"
+    assert publish.layer_compression(({"manifests": [{"mediaType": "x"}]}, "", "")) == "unknown"
