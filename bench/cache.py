@@ -37,7 +37,7 @@ MODERN = Path(os.environ.get("MODERN_DOCKER", "/opt/docker-modern"))
 
 # BuildKit's plain progress: "#31 rewriting layers with source-date-epoch … 80.1s done", "#12 importing cache
 # manifest from … 0.4s done": the phases that are not Dockerfile steps, where a build from the cache spends its time.
-PHASE = re.compile(r"^#\d+ ((?:exporting|rewriting|sending|importing|writing|preparing|resolving|copying)[^\n]*?)"
+PHASE = re.compile(r"^\s*#\d+ ((?:exporting|rewriting|sending|importing|writing|preparing|resolving|copying)[^\n]*?)"
                    r" ([0-9.]+)s done$", re.M)
 
 
@@ -58,6 +58,8 @@ def build(tag: str, cache_ref: str, env: dict, label: str, compression: str) -> 
     proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
     seconds = time.monotonic() - started
     tail = (proc.stdout + proc.stderr).splitlines()
+    log = Path(tempfile.gettempdir()) / f"bench-cache-{label.split()[0]}.log"
+    log.write_text(proc.stdout + proc.stderr)  # every step's timing, for a closer look
     if proc.returncode != 0:
         print("\n".join(tail[-40:]))
         raise SystemExit(f"✕ {label} failed (exit {proc.returncode}) after {seconds:.0f} s")

@@ -4,23 +4,27 @@
 #   (debootstrap, Debian's docker-registry, htpasswd), and each base image BASE (name:tag) —
 #   pulled by its DIGEST where a registry is reachable, else made locally with debootstrap (Debian bases).
 # Usage: ci/setup-docker.sh BASE[@sha256:DIGEST]...   (one argument per base; CI passes every `ci: true` entry's)
-# DOCKER_ENGINE picks the engine started when none answers:
-#   debian (default)  the host's docker.io (Debian 12: 20.10, BuildKit embedded in its client)
+# DOCKER_ENGINE picks the engine:
+#   auto (default)    an engine that answers already is used as it is (we never stop one; an older one is said to
+#                     lack file-time rewriting and zstd layers); when none answers, `modern` is started
 #   modern            Docker 26 + buildx + the containerd image store, what Docker's own packages give users:
 #                     Debian 13's docker.io, docker-cli, docker-buildx and containerd unpacked under
 #                     MODERN_DOCKER (default /opt/docker-modern); runc stays the host's (Debian 13's needs
-#                     glibc 2.38). The builder then uses `docker buildx build`.
+#                     glibc 2.38). The builder then uses `docker buildx build`. Refused while an older engine
+#                     answers. Debian's docker.io is installed beside it (not started): its client is the one the
+#                     tests call, and its 20.10 dockerd runs the Docker 20.10 job (tests/integration/test_docker20.py)
+#   debian            the host's docker.io (Debian 12: 20.10, BuildKit embedded in its client)
 set -euo pipefail
 [ $# -gt 0 ] || { echo "usage: ci/setup-docker.sh BASE_NAME:TAG[@sha256:DIGEST]..." >&2; exit 2; }
 log() { printf '▶ %s\n' "$*" >&2; }
 
 # Debian's docker client (20.10) still embeds BuildKit; a newer client without the buildx plugin refuses.
 docker_bin=/usr/bin/docker
-engine="${DOCKER_ENGINE:-debian}"
+engine="${DOCKER_ENGINE:-auto}"
 modern="${MODERN_DOCKER:-/opt/docker-modern}"
 case "$engine" in
-  debian|modern) ;;
-  *) echo "error: DOCKER_ENGINE=$engine: use debian (the host's docker.io) or modern (Docker 26 + buildx)" >&2; exit 2 ;;
+  auto|debian|modern) ;;
+  *) echo "error: DOCKER_ENGINE=$engine: use auto (the engine that answers, else Docker 26 + buildx), modern (Docker 26 + buildx) or debian (the host's docker.io)" >&2; exit 2 ;;
 esac
 is_modern() { [[ "$1" =~ ^(2[6-9]|[3-9][0-9])\. ]]; }
 # The version of the engine answering now, through any client here (none: empty).
@@ -32,13 +36,17 @@ answering() {
   return 0
 }
 running=""
-if [ "$engine" = modern ]; then
-  # Refuse before installing anything: an older engine already holds the socket, and we never stop one.
+if [ "$engine" != debian ]; then
   running=$(answering)
   if [ -n "$running" ] && ! is_modern "$running"; then
-    echo "error: DOCKER_ENGINE=modern, but Docker $running answers already: stop it, then re-run (nothing was installed)" >&2
-    exit 3
+    if [ "$engine" = modern ]; then
+      # Refuse before installing anything: an older engine already holds the socket, and we never stop one.
+      echo "error: DOCKER_ENGINE=modern, but Docker $running answers already: stop it, then re-run (nothing was installed)" >&2
+      exit 3
+    fi
+    log "Docker $running answers: builds use it (no file-time rewriting, no zstd layers); stop it and re-run for Docker 26 + buildx"
   fi
+  engine=modern  # auto: what answers is used below; when nothing does, the modern engine is started
 fi
 need=()
 if [ -n "$running" ]; then
@@ -47,6 +55,7 @@ if [ -n "$running" ]; then
   docker_bin=$(command -v docker || echo "$modern/usr/bin/docker")
 elif [ "$engine" = modern ]; then
   command -v runc >/dev/null || need+=(runc)
+  [ -x /usr/bin/docker ] || need+=(docker.io)
   docker_bin="$modern/usr/bin/docker"
 else
   command -v dockerd >/dev/null || need+=(docker.io)

@@ -48,6 +48,7 @@ class BuildSpec:
     cache_ref: str | None = None  # a registry build cache (buildx only); it changes speed, never the bytes
     rewrite_timestamps: bool = False  # file times become ZIP_EPOCH (engine.rewrites_timestamps); not content
     compression: str = "zstd"  # of the layers, where the build writes them compressed (see `layer_compression`)
+    image_store: str = "classic"  # the engine's (engine.image_store): only the containerd store keeps layers as built
 
 
 COMPRESSIONS = ("zstd", "gzip")
@@ -59,18 +60,20 @@ def spec(entry: Entry, inputs: Inputs, *, context: Path, ref: str, no_cache: boo
     ref_used = inputs.base_image or baseimage.reference(entry, local=inputs.local_base)
     base = baseimage.describe(entry, ref_used)
     extra = {"APT_MIRROR": inputs.apt_mirror} if inputs.apt_mirror else {}
+    rewrite = engine.rewrites_timestamps()
     return BuildSpec(entry=entry, context=context, ref=ref, base_ref=base["ref"], base_id=base["image_id"],
                      base_substituted=base["substituted"], build_args=extra, epoch=source_date_epoch(entry),
-                     no_cache=no_cache, cache_ref=cache_ref, rewrite_timestamps=engine.rewrites_timestamps(),
-                     compression=compression)
+                     no_cache=no_cache, cache_ref=cache_ref, rewrite_timestamps=rewrite, compression=compression,
+                     image_store=engine.image_store() if rewrite else "classic")  # only a rewriting build asks
 
 
 def layer_compression(spec: BuildSpec) -> str:
-    """How the built image's layers are compressed, hence pushed. Where the build writes the image itself (the OCI
-    archive of a timestamp-rewriting engine) it is the spec's choice: zstd unpacks several times faster than gzip
-    (docs/benchmarks.md) and needs Docker >= 23 or containerd >= 1.5 to pull. Elsewhere gzip: Docker 20.10 keeps
-    layers uncompressed and compresses them with gzip when it pushes, and `--load` writes gzip."""
-    return spec.compression if spec.rewrite_timestamps else "gzip"
+    """How the built image's layers are compressed when pushed. Where the build writes the image itself (the OCI
+    archive of a timestamp-rewriting engine) into the containerd image store, which keeps blobs as they came, it is
+    the spec's choice: zstd unpacks several times faster than gzip (docs/benchmarks.md) and needs Docker >= 23 or
+    containerd >= 1.5 to pull. Elsewhere gzip: a classic store (Docker 20.10, and newer engines without the
+    containerd store) keeps layers uncompressed and compresses them with gzip when it pushes."""
+    return spec.compression if spec.rewrite_timestamps and spec.image_store == "containerd" else "gzip"
 
 
 def _compression_options(compression: str) -> str:

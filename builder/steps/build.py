@@ -32,8 +32,9 @@ class Options:
                                      "has buildx")
     compression: str | None = arg("--compression", default=None, choices=buildkit.COMPRESSIONS,
                                   help="the layers' compression where the build writes them (Docker >= 26 with "
-                                       "buildx): zstd (default; pulls and unpacks faster, needs Docker >= 23 or "
-                                       "containerd >= 1.5 to pull) or gzip (any client). Docker 20.10 pushes gzip")
+                                       "buildx and the containerd image store): zstd (default; pulls and unpacks "
+                                       "faster, needs Docker >= 23 or containerd >= 1.5 to pull) or gzip (any "
+                                       "client). Other engines push gzip")
     inputs: inputs.Inputs = nested(inputs.Inputs)
 
 
@@ -41,9 +42,9 @@ def prepare(entries: list[Entry], options: Options) -> Options:
     resolved = options.inputs.resolved()  # bad flag values and a missing CA bundle stop here, before any tag
     _check_cache_ref(options.cache_ref)
     engine.sdk()  # fail once, before any tag, when no engine answers
-    if options.compression == "zstd" and not engine.rewrites_timestamps():
-        log.info("warning: --compression zstd: this engine's layers are gzip when pushed (zstd needs Docker >= 26 "
-                 "with buildx, where the build writes the image itself)")
+    if options.compression == "zstd" and not (engine.rewrites_timestamps() and engine.image_store() == "containerd"):
+        log.info("warning: --compression zstd: this engine pushes gzip layers (zstd needs Docker >= 26 with buildx "
+                 "and the containerd image store, which keeps the layers as the build wrote them)")
     if options.cache_ref:
         support = buildkit.cache_support()  # probed once; said once, not per tag
         if support.mode != "registry":

@@ -26,7 +26,8 @@ def test_an_unknown_engine_is_a_user_error_that_names_the_choices(tmp_path):
     proc = _run(tmp_path, DOCKER_ENGINE="podman")
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [
-        "error: DOCKER_ENGINE=podman: use debian (the host's docker.io) or modern (Docker 26 + buildx)"]
+        "error: DOCKER_ENGINE=podman: use auto (the engine that answers, else Docker 26 + buildx), modern (Docker 26 "
+        "+ buildx) or debian (the host's docker.io)"]
     assert not (tmp_path / "modern").exists()
 
 

@@ -262,15 +262,18 @@ def test_a_rewriting_build_exports_with_the_dockerfiles_epoch_and_keeps_its_inpu
     assert buildkit.input_hash(plain) == buildkit.input_hash(rewriting)
 
 
-@pytest.mark.parametrize("rewrite, asked, layers", [(True, "zstd", "zstd"), (True, "gzip", "gzip"),
-                                                    (False, "zstd", "gzip"), (False, "gzip", "gzip")])
+@pytest.mark.parametrize("rewrite, store, asked, layers", [
+    (True, "containerd", "zstd", "zstd"), (True, "containerd", "gzip", "gzip"), (True, "classic", "zstd", "gzip"),
+    (False, "containerd", "zstd", "gzip"), (False, "classic", "gzip", "gzip")])
 def test_layers_are_compressed_as_asked_where_the_build_writes_them_and_the_cache_alike(
-        monkeypatch, tmp_path, rewrite, asked, layers):
-    """zstd only where the build writes the image itself; elsewhere the engine's gzip. The registry cache holds
-    the same compression, and the choice never moves the input hash (it is not content)."""
+        monkeypatch, tmp_path, rewrite, store, asked, layers):
+    """zstd only where the build writes the image itself into a store that keeps it so (a classic store, e.g.
+    GitHub's runners, decompresses on load and pushes gzip); elsewhere the engine's gzip. The registry cache
+    holds the same compression, and the choice never moves the input hash (it is not content)."""
     monkeypatch.setattr(engine, "client", lambda: engine.Client("/usr/bin/docker", "buildx"))
     monkeypatch.setattr(buildkit, "cache_support", lambda: buildkit.CacheSupport("registry", ""))
-    spec = _spec(tmp_path, rewrite_timestamps=rewrite, compression=asked, cache_ref="127.0.0.1:5000/cache:t")
+    spec = _spec(tmp_path, rewrite_timestamps=rewrite, compression=asked, cache_ref="127.0.0.1:5000/cache:t",
+                 image_store=store)
     assert buildkit.layer_compression(spec) == layers
     argv = buildkit.argv(spec, {}, {}, archive=tmp_path / "image.tar" if rewrite else None)
     cache_to = argv[argv.index("--cache-to") + 1]
