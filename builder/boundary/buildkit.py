@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -20,8 +21,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import builder
-from builder import log
-from builder.boundary import baseimage, engine, git, process
+from builder import fsutil, log
+from builder.boundary import baseimage, engine, git, ociarchive, process
 from builder.errors import BuilderError
 from builder.model import context, paths
 from builder.model.inputs import Inputs
@@ -172,14 +173,14 @@ def argv(spec: BuildSpec, secrets: Mapping[str, str], image_labels: Mapping[str,
     # OCI archive, which `run` loads: the engine's own exporter refuses to rewrite times ("rewrite-timestamp
     # conflicts with unpack"). The exporter reads the time from a build argument (it does not see a Dockerfile
     # ARG's default); the value is the Dockerfile's own, so no step changes, and neither does the input hash: only
-    # file times do. No provenance attestation: its build times would make the image differ (publish attaches
-    # the project's own provenance).
+    # file times do. BuildKit's provenance (mode=max) is written beside the image in the archive; `run` takes it
+    # out before the load (its build times would make the image differ), and publish attaches it beside ours.
     rewrite = archive is not None
     out = engine.client().build_argv(f"type=oci,dest={archive},name={spec.ref},rewrite-timestamp=true,"
                                      f"{_compression_options(spec.compression)}" if rewrite else None)
     out += ["--progress=plain", "--network=host", "-t", spec.ref]
     if rewrite:
-        out += ["--provenance=false", "--build-arg", f"SOURCE_DATE_EPOCH={ZIP_EPOCH}"]
+        out += ["--provenance=mode=max", "--build-arg", f"SOURCE_DATE_EPOCH={ZIP_EPOCH}"]
     for key, value in sorted(build_args(spec).items()):
         out += ["--build-arg", f"{key}={value}"]
     if spec.no_cache:
@@ -244,9 +245,14 @@ def cache_flags(ref: str, mode: str, compression: str = "gzip") -> list[str]:
 SESSION_LOST = re.compile(r"no active session for \S+: context deadline exceeded")
 
 
-def run(spec: BuildSpec, image_labels: Mapping[str, str], inputs: Inputs) -> tuple[int, str, str]:
+def run(spec: BuildSpec, image_labels: Mapping[str, str], inputs: Inputs,
+        provenance: Path | None = None) -> tuple[int, str, str]:
     """Run the build; returns (exit code, combined output, the command as shown), secrets masked in all three.
-    A build that failed only because BuildKit lost its session is run once more, and says so."""
+    A build that failed only because BuildKit lost its session is run once more, and says so. `provenance`: where
+    BuildKit's provenance statement of the loaded image goes (removed first; none is written where the engine
+    makes none)."""
+    if provenance is not None:
+        provenance.unlink(missing_ok=True)
     # The archive holds the whole image (gigabytes): beside the build contexts, on the checkout's disk, not in a
     # /tmp that may be memory.
     paths.CONTEXT_ROOT.mkdir(parents=True, exist_ok=True)
@@ -264,7 +270,10 @@ def run(spec: BuildSpec, image_labels: Mapping[str, str], inputs: Inputs) -> tup
             proc = attempt()
         if proc.returncode != 0 or archive is None:
             return proc.returncode, proc.stdout, proc.shown
+        statements = ociarchive.detach_attestations(archive)
         loaded = engine.run_cli([engine.client().binary, "load", "-i", str(archive)])
+        if loaded.returncode == 0 and provenance is not None and statements:
+            fsutil.write_atomic(provenance, json.dumps(statements[0], indent=1, sort_keys=True) + "\n")
         return loaded.returncode, proc.stdout + loaded.stdout, proc.shown
 
 

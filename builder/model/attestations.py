@@ -250,6 +250,42 @@ def provenance_binding(statement, digest: str) -> str | None:
 
 BINDING = {SBOM_TYPE: sbom_binding, PROVENANCE_TYPE: provenance_binding}
 
+# BuildKit's own provenance (`--provenance=mode=max`, BuildKit 0.13: SLSA v0.2), stored beside ours with the same
+# artifact type and told apart by its predicate type.
+BUILDKIT_PROVENANCE = "https://slsa.dev/provenance/v0.2"
+BUILDKIT = "buildkit-provenance"
+
+
+def buildkit_binding(statement, digest: str) -> str | None:
+    """None when BuildKit's statement is an SLSA v0.2 provenance whose every subject is the image `digest`."""
+    if not isinstance(statement, dict) or statement.get("predicateType") != BUILDKIT_PROVENANCE:
+        return "the BuildKit provenance is not an SLSA v0.2 statement"
+    subjects = {str(s["digest"].get("sha256")) if isinstance(s.get("digest"), dict) else "none"
+                for s in _dicts(statement.get("subject"))}
+    if subjects != {digest.split(":", 1)[1]}:
+        return f"the BuildKit provenance is for {_short(subjects)}, not this image {digest[:19]}…"
+    return None
+
+
+def slot(artifact_type: str, doc) -> str:
+    """Where a referrer's document belongs: BuildKit's provenance, or the kind its artifact type names."""
+    if artifact_type == PROVENANCE_TYPE and isinstance(doc, dict) and doc.get("predicateType") == BUILDKIT_PROVENANCE:
+        return BUILDKIT
+    return artifact_type
+
+
+def buildkit_summary(statement: dict | None, digest: str) -> str:
+    """One line: what BuildKit recorded about the build of this digest, or that there is none."""
+    off = _not_shown("buildkit provenance", statement, buildkit_binding, digest)
+    if off:
+        return off + (" (images built on Docker 20.10 have none)" if statement is None else "")
+    pred = statement.get("predicate") if isinstance(statement.get("predicate"), dict) else {}
+    meta = pred.get("metadata") if isinstance(pred.get("metadata"), dict) else {}
+    materials = [str(m.get("uri")) for m in _dicts(pred.get("materials")) if m.get("uri")]
+    started = str(meta.get("buildStartedOn") or "?")[:19]
+    return (f"buildkit provenance: SLSA v0.2, bound to this digest; build {pred.get('buildType', '?')} started "
+            f"{started}Z; {len(materials)} material(s)" + (f": {', '.join(materials[:3])}" if materials else ""))
+
 
 def _not_shown(kind: str, doc: dict | None, binding, digest: str) -> str | None:
     """Why `doc` is not summarised (absent, or about another image), or None when it is bound to `digest`."""

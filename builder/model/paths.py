@@ -18,6 +18,7 @@ SMOKE_DIR = Path("smoke")
 CONTEXT_ROOT = Path("build/context")
 MANIFEST_CACHE = Path("build/manifests")
 ATTEST_DIR = Path("build/attest")  # SBOM and provenance of each published tag, for signing in CI
+BUILDKIT_PROVENANCE_DIR = Path("build/provenance")  # BuildKit's provenance of each built image (build writes it)
 REPRO_SUFFIX = "-repro"
 PREVIOUS_SUFFIX = "-previous"  # the image a build replaces, named while the build runs (engine.holding)
 
@@ -36,6 +37,10 @@ def reports_dir() -> Path:
 
 def report(tag: str, step: str) -> Path:
     return reports_dir() / f"{tag}.{step}.json"
+
+
+def buildkit_provenance(tag: str) -> Path:
+    return BUILDKIT_PROVENANCE_DIR / f"{tag}.buildkit.intoto.json"
 
 
 def image_ref(entry: Entry) -> str:

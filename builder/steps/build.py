@@ -79,6 +79,19 @@ def _skippable(entry: Entry, digest: str, compression: str) -> dict | None:
     return previous
 
 
+def _buildkit_provenance(entry: Entry, image_id: str) -> str | None:
+    """BuildKit's provenance of this image, where the engine wrote one (buildkit.run kept it): its path when its
+    subject is this image, which publish attaches beside ours; None elsewhere (Docker 20.10 writes none)."""
+    path = paths.buildkit_provenance(entry.tag)
+    try:
+        statement = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    subjects = {str((s.get("digest") or {}).get("sha256")) for s in statement.get("subject") or []
+                if isinstance(s, dict)}
+    return str(path) if subjects == {image_id.removeprefix("sha256:")} else None
+
+
 def run(entry: Entry, options: Options) -> Done:
     started = time.monotonic()
     staged = context.stage(entry, options.inputs)
@@ -100,7 +113,8 @@ def run(entry: Entry, options: Options) -> Done:
     log.info("  sources: " + ", ".join(f"{c['source']} {log.mark(c['ok'])}" for c in checked["checked"]))
     facts = json.loads((staged / "image.json").read_text())
     with engine.holding(spec.ref, paths.previous_ref(entry)):  # what the size budget compares with
-        code, output, shown = buildkit.run(spec, buildkit.labels(spec, facts, digest), options.inputs)
+        code, output, shown = buildkit.run(spec, buildkit.labels(spec, facts, digest), options.inputs,
+                                           provenance=paths.buildkit_provenance(entry.tag))
         base = {"ref": spec.base_ref, "substituted": spec.base_substituted, "image_id": spec.base_id}
         if code != 0:
             message, hint, environmental = buildkit.explain_failure(output)
@@ -121,6 +135,7 @@ def run(entry: Entry, options: Options) -> Done:
         "versions": found.get("versions"), "torch_cuda": found.get("torch_cuda"),
         "verification": mismatches or "ok", "source_date_epoch": buildkit.ZIP_EPOCH,  # what the steps used
         "timestamps_rewritten": spec.rewrite_timestamps, "layer_compression": compression,
+        "buildkit_provenance": _buildkit_provenance(entry, image.id),
         "docker": engine.describe(),
     }
     reports.write(entry.tag, REPORT, report)

@@ -423,8 +423,31 @@ def attest(entry, repo, digest: str, image, evidence: dict, config, tries: int) 
         stored[name] = retrying(f"attach {name} to {repo.ref}@{digest[:19]}", lambda p=payload, k=kind:
                                 registry.push_referrer(repo, subject, k, p, {"org.opencontainers.image.created": now},
                                                        config), tries)
+    buildkit = buildkit_statement(evidence["build"], digest)
+    if buildkit is not None:
+        payload = json.dumps(buildkit, sort_keys=True, indent=1).encode()
+        fsutil.write_atomic(out_dir / "buildkit-provenance.intoto.json", payload.decode())
+        stored["buildkit-provenance.intoto.json"] = retrying(
+            f"attach BuildKit's provenance to {repo.ref}@{digest[:19]}",
+            lambda: registry.push_referrer(repo, subject, attestations.PROVENANCE_TYPE, payload,
+                                           {"org.opencontainers.image.created": now,
+                                            "in-toto.io/predicate-type": attestations.BUILDKIT_PROVENANCE}, config),
+            tries)
     log.info(f"  attached {', '.join(stored)} to {repo.ref}@{digest}")
     return stored
+
+
+def buildkit_statement(build: dict | None, digest: str) -> dict | None:
+    """BuildKit's provenance the build kept (build report's `buildkit_provenance`), when it is for the pushed
+    digest; None where the engine wrote none (Docker 20.10) or it is for another image."""
+    path = (build or {}).get("buildkit_provenance")
+    if not path:
+        return None
+    try:
+        statement = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return statement if attestations.buildkit_binding(statement, digest) is None else None
 
 
 def audit_gate(entry, image, options: Options) -> dict | None:

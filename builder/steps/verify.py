@@ -148,30 +148,35 @@ def attestations_of(ref: str, image, strict: bool = False) -> dict:
     found, ignored = {}, []
     for descriptor in registry.referrers(repo, digest):
         kind = descriptor.get("artifactType")
-        if kind in attestations.BINDING and kind not in found:
-            doc, why = _bound_document(repo, descriptor, digest, kind)
+        if kind in attestations.BINDING:
+            slot, doc, why = _bound_document(repo, descriptor, digest, kind)
             if doc is not None:
-                found[kind] = doc
+                found.setdefault(slot, doc)
             elif why:
                 ignored.append(f"warning: ignored the referrer {descriptor['digest'][:19]}…: {why}")
     sbom, statement = found.get(attestations.SBOM_TYPE), found.get(attestations.PROVENANCE_TYPE)
-    lines = attestations.summary(sbom, statement, digest) + ignored
+    buildkit = found.get(attestations.BUILDKIT)
+    lines = attestations.summary(sbom, statement, digest) + [attestations.buildkit_summary(buildkit, digest)]
+    lines += ignored
     problem = ignored[0].removeprefix("warning: ") if ignored and strict else None
-    return {"sbom": sbom is not None, "provenance": statement is not None, "problem": problem, "lines": lines}
+    return {"sbom": sbom is not None, "provenance": statement is not None, "buildkit_provenance": buildkit is not None,
+            "problem": problem, "lines": lines}
 
 
-def _bound_document(repo, descriptor: dict, digest: str, kind: str) -> tuple[dict | None, str | None]:
-    """(the referrer's document, None) when its content names `digest`; (None, why) when it does not;
-    (None, None) when the referrer itself is not for `digest` (registry.referrer_payload)."""
+def _bound_document(repo, descriptor: dict, digest: str, kind: str) -> tuple[str, dict | None, str | None]:
+    """(slot, the referrer's document, None) when its content names `digest`; (slot, None, why) when it does not;
+    (kind, None, None) when the referrer itself is not for `digest` (registry.referrer_payload). The slot tells
+    BuildKit's provenance from ours (attestations.slot): both are in-toto statements."""
     payload = registry.referrer_payload(repo, descriptor, digest)
     if payload is None:
-        return None, None
+        return kind, None, None
     try:
         doc = json.loads(payload)
     except ValueError:
-        return None, f"its {kind} content is not JSON"
-    why = attestations.BINDING[kind](doc, digest)
-    return (None, why) if why else (doc, None)
+        return kind, None, f"its {kind} content is not JSON"
+    slot = attestations.slot(kind, doc)
+    why = (attestations.buildkit_binding if slot == attestations.BUILDKIT else attestations.BINDING[kind])(doc, digest)
+    return (slot, None, why) if why else (slot, doc, None)
 
 
 # --- signatures ----------------------------------------------------------------------------------------

@@ -447,8 +447,15 @@ def test_publish_real_ci_image(registry, tmp_path, monkeypatch, ci_gate):
     # Work on a copy of the reports so this test never rewrites the project's publish report.
     copy = tmp_path / "reports"
     copy.mkdir()
-    (copy / f"{CI_TAG}.smoke.json").write_text(paths.report(CI_TAG, "smoke").read_text())
+    built = json.loads(paths.report(CI_TAG, "build").read_text())
+    for step in ("smoke", "build"):
+        (copy / f"{CI_TAG}.{step}.json").write_text(paths.report(CI_TAG, step).read_text())
     monkeypatch.setenv("BUILDER_REPORTS", str(copy))
+    # Where the build writes the image itself into the containerd store (Docker >= 26, buildx), its layers are
+    # zstd and BuildKit's provenance was kept; elsewhere (Docker 20.10) gzip and none.
+    modern = engine.rewrites_timestamps() and engine.image_store() == "containerd"
+    assert built["layer_compression"] == ("zstd" if modern else "gzip")
+    assert bool(built["buildkit_provenance"]) is modern
     # Our CI builds on a debootstrapped copy of the base (no registry reachable): an explicit exception.
     assert run_cli("publish", CI_TAG, "--registry", registry.host) == 1
     assert run_cli("publish", CI_TAG, "--registry", registry.host, "--allow-substituted-base") == 0
@@ -470,6 +477,10 @@ def test_publish_real_ci_image(registry, tmp_path, monkeypatch, ci_gate):
     result = json.loads(verdict.read_text())
     assert result["passed"] and result["image_id"] == current
     assert result["attestations"]["sbom"] and result["attestations"]["provenance"], result["attestations"]
+    # ... and the registry serves what the engine made: the layers' compression, BuildKit's provenance beside ours
+    assert report["layer_compression"] == built["layer_compression"]
+    assert ("buildkit-provenance.intoto.json" in report["attestations"]) is modern
+    assert result["attestations"]["buildkit_provenance"] is modern, result["verdict"]
     if not result["gpu_mode"]:
         assert any("GPU checks" in line and "NOT run" in line for line in result["verdict"])
     assert any("gate checks NOT run (--checks): compile, train" in line for line in result["verdict"])

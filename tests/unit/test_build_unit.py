@@ -254,7 +254,7 @@ def test_a_rewriting_build_exports_with_the_dockerfiles_epoch_and_keeps_its_inpu
     assert argv[:5] == ["/usr/bin/docker", "buildx", "build", "--output",
                         f"type=oci,dest={tmp_path}/image.tar,name=example/train:t,rewrite-timestamp=true,"
                         "compression=zstd,compression-level=3,force-compression=true,oci-mediatypes=true"]
-    assert "--provenance=false" in argv and "--load" not in argv
+    assert "--provenance=mode=max" in argv and "--load" not in argv  # taken out of the archive before the load
     assert f"SOURCE_DATE_EPOCH={buildkit.ZIP_EPOCH}" in argv
     assert buildkit.argv(plain, {}, {})[:4] == ["/usr/bin/docker", "buildx", "build", "--load"]
     assert "--output" not in buildkit.argv(plain, {}, {}) and "SOURCE_DATE_EPOCH" not in " ".join(
@@ -305,10 +305,19 @@ def test_a_rewriting_build_is_loaded_from_its_archive_which_is_then_removed(monk
         assert argv[1:3] == ["load", "-i"] and open(argv[3]).read() == "oci"
         return SimpleNamespace(returncode=0, stdout="Loaded image: example/train:t\n", shown="docker load …")
 
+    statement = {"predicateType": "https://slsa.dev/provenance/v0.2", "subject": []}
+    detached = []
     monkeypatch.setattr(engine, "client", lambda: engine.Client("/usr/bin/docker", "buildx"))
     monkeypatch.setattr(engine, "run_cli", run_cli)
-    code, output, _ = buildkit.run(_spec(tmp_path, rewrite_timestamps=True), {}, Inputs())
+    monkeypatch.setattr(buildkit.ociarchive, "detach_attestations", lambda a: detached.append(a) or [statement])
+    kept = tmp_path / "prov" / "t.json"
+    kept.parent.mkdir()
+    kept.write_text("a previous build's")
+    code, output, _ = buildkit.run(_spec(tmp_path, rewrite_timestamps=True), {}, Inputs(), provenance=kept)
     assert code == build_code and len(calls) == (2 if build_code == 0 else 1)  # a failed build loads nothing
+    # BuildKit's provenance leaves the archive before the load, and is kept only for a loaded image
+    assert (json.loads(kept.read_text()) == statement) if build_code == 0 else not kept.exists()
+    assert len(detached) == (1 if build_code == 0 else 0)
     assert ("Loaded image" in output) is (build_code == 0)
     archive = calls[0][calls[0].index("--output") + 1].split("dest=")[1].split(",")[0]
     assert not os.path.exists(os.path.dirname(archive)), "the archive (gigabytes) is removed after the load"
