@@ -148,6 +148,42 @@ def test_verify_never_shows_another_images_gate_and_strict_mode_fails(monkeypatc
     assert strict["problem"].startswith("ignored the referrer") and "not this image" in strict["problem"]
 
 
+def buildkit_statement(digest: str) -> tuple[str, dict]:
+    """As BuildKit 0.13 writes it with --provenance=mode=max (trimmed)."""
+    return attestations.PROVENANCE_TYPE, {
+        "_type": "https://in-toto.io/Statement/v0.1", "predicateType": "https://slsa.dev/provenance/v0.2",
+        "subject": [{"name": "pkg:docker/ghcr.io/train-images/train@t?platform=linux%2Famd64",
+                     "digest": {"sha256": digest.split(":", 1)[1]}}],
+        "predicate": {"builder": {"id": ""}, "buildType": "https://mobyproject.org/buildkit@v1",
+                      "materials": [{"uri": "pkg:docker/debian@bookworm-slim?platform=linux%2Famd64"}],
+                      "metadata": {"buildStartedOn": "2026-12-05T19:03:42.326257166Z"}}}
+
+
+@pytest.mark.parametrize("buildkit_first", [True, False])
+def test_verify_reads_buildkits_provenance_beside_ours_in_any_order(monkeypatch, buildkit_first):
+    """Both are in-toto statements under the same artifact type: told apart by predicate type, whichever the
+    registry lists first; neither is taken for the other (no warning, strict mode passes)."""
+    sbom, ours = docs_for(IMG)
+    stored_beside(monkeypatch, *([buildkit_statement(IMG), sbom, ours] if buildkit_first
+                                 else [sbom, ours, buildkit_statement(IMG)]))
+    found = hostverify.attestations_of(f"reg.example/t@{IMG}", None, strict=True)
+    assert found["sbom"] and found["provenance"] and found["buildkit_provenance"] and found["problem"] is None
+    assert found["lines"][0].startswith("provenance: bound to this digest; built by https://ci.example/run/1")
+    assert ("buildkit provenance: SLSA v0.2, bound to this digest; build https://mobyproject.org/buildkit@v1 "
+            "started 2026-12-05T19:03:42Z; 1 material(s): pkg:docker/debian@bookworm-slim?platform=linux%2Famd64"
+            ) in found["lines"]
+    assert not any(line.startswith("warning") for line in found["lines"])
+
+
+def test_verify_says_when_there_is_no_buildkit_provenance_and_never_shows_another_images(monkeypatch):
+    stored_beside(monkeypatch, *docs_for(IMG), buildkit_statement(OTHER))
+    found = hostverify.attestations_of(f"reg.example/t@{IMG}", None, strict=True)
+    assert found["provenance"] and not found["buildkit_provenance"]
+    assert "buildkit provenance: none found for this digest (images built on Docker 20.10 have none)" in found["lines"]
+    assert found["problem"].startswith("ignored the referrer") and "BuildKit provenance is for sha256:cdcd" in \
+        found["problem"]
+
+
 # --- publish: the image must be the entry's, and the subject is the manifest whose bytes were pushed ------
 
 
@@ -251,3 +287,17 @@ def test_publish_reports_the_layers_compression_as_the_registry_serves_them(type
     assert publish.layer_compression(({"layers": layers}, "", "")) == said
     assert publish.layer_compression(None) == "unknown"
     assert publish.layer_compression(({"manifests": [{"mediaType": "x"}]}, "", "")) == "unknown"
+
+
+def test_publish_attaches_buildkits_provenance_only_for_the_pushed_digest(tmp_path):
+    """The statement build kept is attached when its subject is what was pushed; another image's, a missing or
+    damaged file, or a build that kept none (Docker 20.10) attach nothing."""
+    kept = tmp_path / "t.buildkit.intoto.json"
+    kept.write_text(json.dumps(buildkit_statement(IMG)[1]))
+    assert publish.buildkit_statement({"buildkit_provenance": str(kept)}, IMG) == buildkit_statement(IMG)[1]
+    assert publish.buildkit_statement({"buildkit_provenance": str(kept)}, OTHER) is None
+    assert publish.buildkit_statement({"buildkit_provenance": None}, IMG) is None
+    assert publish.buildkit_statement({}, IMG) is None and publish.buildkit_statement(None, IMG) is None
+    assert publish.buildkit_statement({"buildkit_provenance": str(tmp_path / "gone.json")}, IMG) is None
+    kept.write_text("{not json")
+    assert publish.buildkit_statement({"buildkit_provenance": str(kept)}, IMG) is None
