@@ -249,10 +249,9 @@ def run(spec: BuildSpec, image_labels: Mapping[str, str], inputs: Inputs,
         provenance: Path | None = None) -> tuple[int, str, str]:
     """Run the build; returns (exit code, combined output, the command as shown), secrets masked in all three.
     A build that failed only because BuildKit lost its session is run once more, and says so. `provenance`: where
-    BuildKit's provenance statement of the loaded image goes (removed first; none is written where the engine
-    makes none)."""
-    if provenance is not None:
-        provenance.unlink(missing_ok=True)
+    BuildKit's provenance statement of the loaded image goes, replacing the last one only when this image was
+    loaded (an interrupted or failed build leaves the image before it, and its statement, as they were); its
+    subject says which image it is for, and only that image's is ever used (build, publish)."""
     # The archive holds the whole image (gigabytes): beside the build contexts, on the checkout's disk, not in a
     # /tmp that may be memory.
     paths.CONTEXT_ROOT.mkdir(parents=True, exist_ok=True)

@@ -357,8 +357,7 @@ def publish_one(entry, args: Options, config: Path | None) -> dict:
         raise StepFailed(f"{repo.ref}:{full}: the registry serves {served}, the push reported {pushed}, the local "
                          f"image records {sorted(local) or 'none'}",
                          "the alias was not moved; investigate the registry")
-    compression = layer_compression(retrying(f"read back {repo.ref}@{served[:19]}",
-                                             lambda: registry.manifest(repo, served, config), args.retries))
+    compression = served_compression(repo, served, config, args.retries)
     evidence = {"smoke": smoke, "locks": locks, "audit": audited, "facts": facts, "build": build}
     attached = attest(entry, repo, pushed, image, evidence, config, args.retries)
     _after_full_push(repo, served)
@@ -375,6 +374,18 @@ def publish_one(entry, args: Options, config: Path | None) -> dict:
               "published_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
     reports.write(entry.tag, "publish", report)
     return report
+
+
+def served_compression(repo, digest: str, config, tries: int) -> str:
+    """The layers' compression of repo@digest as served; of an index (an engine that attached its own attestations),
+    that of its linux/amd64 image."""
+    found = retrying(f"read back {repo.ref}@{digest[:19]}", lambda: registry.manifest(repo, digest, config), tries)
+    if found and isinstance(found[0].get("manifests"), list):
+        child = next((m for m in found[0]["manifests"] if isinstance(m, dict) and isinstance(m.get("digest"), str)
+                      and (m.get("platform") or {}).get("architecture") == "amd64"), None)
+        found = None if child is None else retrying(f"read back {repo.ref}@{child['digest'][:19]}",
+                                                    lambda: registry.manifest(repo, child["digest"], config), tries)
+    return layer_compression(found)
 
 
 def layer_compression(found: tuple[dict, str, str] | None) -> str:

@@ -301,3 +301,20 @@ def test_publish_attaches_buildkits_provenance_only_for_the_pushed_digest(tmp_pa
     assert publish.buildkit_statement({"buildkit_provenance": str(tmp_path / "gone.json")}, IMG) is None
     kept.write_text("{not json")
     assert publish.buildkit_statement({"buildkit_provenance": str(kept)}, IMG) is None
+
+
+def test_the_compression_of_an_index_is_that_of_its_amd64_image(monkeypatch):
+    """An engine that attaches its own attestations pushes an index: its linux/amd64 image's layers are what a
+    node pulls (the attestation manifests have no layers worth naming)."""
+    child = "sha256:" + "12" * 32
+    served = {IMG: {"mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [
+                  {"digest": "sha256:" + "34" * 32, "platform": {"architecture": "unknown", "os": "unknown"}},
+                  {"digest": child, "platform": {"architecture": "amd64", "os": "linux"}}]},
+              child: {"layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip"}]}}
+    monkeypatch.setattr(registry, "manifest", lambda repo, ref, config=None: (served[ref], "", ref) if ref in served
+                        else None)
+    repo = registry.Repository("reg.example", "t")
+    assert publish.served_compression(repo, IMG, None, 1) == "gzip"
+    assert publish.served_compression(repo, child, None, 1) == "gzip"
+    del served[child]
+    assert publish.served_compression(repo, IMG, None, 1) == "unknown"
