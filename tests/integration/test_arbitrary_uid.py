@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 
+from smoke import signatures
 from tests.integration.images import CI_TAG, DOCKER
 
 pytestmark = pytest.mark.docker
@@ -53,6 +54,19 @@ def test_the_whole_gate_passes_as_an_arbitrary_uid_and_group_on_a_read_only_root
                      "--shm-size", "8g", "-e", "HF_HUB_OFFLINE=1", "-v", f"{out}:/smoke-out"]
     proc = subprocess.run([DOCKER, "run", *hardened_gate, IMAGE, "smoke", "all", "--cpu", "--out", "/smoke-out"],
                           capture_output=True, text=True, timeout=2400)
-    assert proc.returncode == 0, f"smoke all as 12345:12345, read-only root:\n{proc.stdout[-4000:]}{proc.stderr[-2000:]}"
+    shown = f"smoke all as 12345:12345, read-only root:\n{proc.stdout[-4000:]}{proc.stderr[-2000:]}"
+    # A rank aborting at interpreter exit, after its work, is PyTorch's gloo shutdown race (pytorch/pytorch#190489,
+    # docs/training.md), not this test's subject: as in test_launchers, everything else must have passed as this
+    # UID on this root, and the run is then reported as that known failure (xfail, never a pass).
+    aborted_at_exit = proc.returncode != 0 and "exit_abort" in {d["id"] for d in signatures.diagnose(proc.stdout)}
+    if not aborted_at_exit:
+        assert proc.returncode == 0, shown
     verdict = json.loads((out / "all.json").read_text())
-    assert verdict["passed"] and [c["name"] for c in verdict["checks"]] == ["env", "ops", "compile", "train", "nccl"]
+    assert [c["name"] for c in verdict["checks"]] == ["env", "ops", "compile", "train", "nccl"], shown
+    if aborted_at_exit:
+        assert [c["name"] for c in verdict["checks"] if not c["passed"]] == ["train"], shown
+        assert "rank 1/2 done: ok" in proc.stdout and "✕ train [cpu]" in proc.stdout, shown
+        pytest.xfail("the gate's train check ended with a rank aborted at interpreter exit, after its work (gloo "
+                     "worker freeing tensors while Python finalizes, pytorch/pytorch#190489); every other check "
+                     "passed as 12345:12345 on a read-only root")
+    assert verdict["passed"], shown
