@@ -236,16 +236,21 @@ def sbom_binding(doc, digest: str) -> str | None:
     return None
 
 
-def provenance_binding(statement, digest: str) -> str | None:
-    """None when the in-toto statement's every subject is the image `digest` (publish writes exactly one);
-    else one line saying which digests it names instead."""
-    if not isinstance(statement, dict) or statement.get("predicateType") != SLSA_PROVENANCE:
-        return "the provenance is not an SLSA provenance statement"
+def _statement_binding(statement, digest: str, predicate: str, what: str, kind: str) -> str | None:
+    """None when `statement` is an in-toto statement of `predicate` whose every subject is the image `digest`;
+    else one line saying what it is instead."""
+    if not isinstance(statement, dict) or statement.get("predicateType") != predicate:
+        return f"the {what} is not an {kind} statement"
     subjects = {str(s["digest"].get("sha256")) if isinstance(s.get("digest"), dict) else "none"
                 for s in _dicts(statement.get("subject"))}
     if subjects != {digest.split(":", 1)[1]}:
-        return f"the provenance is for {_short(subjects)}, not this image {digest[:19]}…"
+        return f"the {what} is for {_short(subjects)}, not this image {digest[:19]}…"
     return None
+
+
+def provenance_binding(statement, digest: str) -> str | None:
+    """Ours (publish writes exactly one subject): bound to `digest`, or why not."""
+    return _statement_binding(statement, digest, SLSA_PROVENANCE, "provenance", "SLSA provenance")
 
 
 BINDING = {SBOM_TYPE: sbom_binding, PROVENANCE_TYPE: provenance_binding}
@@ -257,14 +262,8 @@ BUILDKIT = "buildkit-provenance"
 
 
 def buildkit_binding(statement, digest: str) -> str | None:
-    """None when BuildKit's statement is an SLSA v0.2 provenance whose every subject is the image `digest`."""
-    if not isinstance(statement, dict) or statement.get("predicateType") != BUILDKIT_PROVENANCE:
-        return "the BuildKit provenance is not an SLSA v0.2 statement"
-    subjects = {str(s["digest"].get("sha256")) if isinstance(s.get("digest"), dict) else "none"
-                for s in _dicts(statement.get("subject"))}
-    if subjects != {digest.split(":", 1)[1]}:
-        return f"the BuildKit provenance is for {_short(subjects)}, not this image {digest[:19]}…"
-    return None
+    """BuildKit's (SLSA v0.2): bound to `digest`, or why not."""
+    return _statement_binding(statement, digest, BUILDKIT_PROVENANCE, "BuildKit provenance", "SLSA v0.2")
 
 
 def slot(artifact_type: str, doc) -> str:

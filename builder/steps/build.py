@@ -16,7 +16,7 @@ from builder import log, reports
 from builder.boundary import buildkit, engine, inspect
 from builder.errors import EnvironmentProblem, StepFailed, UserError
 from builder.flags import arg, nested, switch
-from builder.model import context, inputs, paths, reference
+from builder.model import attestations, context, inputs, paths, reference
 from builder.model.matrix import Entry
 from builder.steps import Done, diff, preflight
 
@@ -87,9 +87,7 @@ def _buildkit_provenance(entry: Entry, image_id: str) -> str | None:
         statement = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    subjects = {str((s.get("digest") or {}).get("sha256")) for s in statement.get("subject") or []
-                if isinstance(s, dict)}
-    return str(path) if subjects == {image_id.removeprefix("sha256:")} else None
+    return str(path) if attestations.buildkit_binding(statement, image_id) is None else None
 
 
 def run(entry: Entry, options: Options) -> Done:
