@@ -133,6 +133,10 @@ COPY nvcc.lock /opt/ops/nvcc.lock
 # directory, not pip's random temporary one: paths that reach the objects (__FILE__) are the same every build.
 # NVCC_APPEND_FLAGS: nvcc compiles the GPU archs of a .cu file in parallel (FusedAdam's builder does not ask for
 # it); the objects are the same, only the wall time differs.
+# The headers nvcc reads get SOURCE_DATE_EPOCH as their time first: DeepSpeed compiles with -lineinfo, and each
+# GPU arch's line table records the mtime of every header with device code (torch's Half.h, CUDA's cuda_fp16.hpp…).
+# uv installs files with the install time, so without this a rebuilt torch stage gives another .so (measured
+# 2026-12-05: the only 68 bytes that differed between two no-cache builds were those times and the build-id).
 ENV DS_ACCELERATOR=cuda \
     TORCH_CUDA_ARCH_LIST="8.0;9.0;10.0;12.0+PTX" \
     CUDA_HOME=/opt/venv/lib/python3.11/site-packages/nvidia/cu13 \
@@ -165,6 +169,8 @@ RUN --mount=type=cache,id=uv-cache,target=/var/cache/uv,sharing=shared \
     && for lib in cudart curand cublas; do ln -sf "$(basename "$(ls /opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib/lib$lib.so.* | head -1)")" /opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib/lib$lib.so; done \
     && /opt/venv/lib/python3.11/site-packages/nvidia/cu13/bin/nvcc --version | tail -2 \
     && mkdir -p /opt/ops/src && tar -xzf /opt/ops/sdist/deepspeed-0.19.8.tar.gz -C /opt/ops/src \
+    && for d in /opt/venv/lib/python3.11/site-packages/torch/include /opt/venv/lib/python3.11/site-packages/nvidia; do [ ! -d "$d" ] || find "$d" -path '*/include/*' ! -type d \
+         -newermt "@$SOURCE_DATE_EPOCH" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} + || exit 1; done \
     && if ! DS_BUILD_FUSED_ADAM=1 DS_BUILD_CPU_ADAM=1 DS_BUILD_OPS=0 pip wheel -v --no-cache-dir --no-deps \
          --no-build-isolation --no-index -w /opt/ops/wheel /opt/ops/src/deepspeed-0.19.8 > /tmp/ds-build.log 2>&1; \
        then tail -60 /tmp/ds-build.log; exit 1; fi \
