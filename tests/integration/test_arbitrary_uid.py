@@ -11,8 +11,7 @@ import subprocess
 
 import pytest
 
-from smoke import signatures
-from tests.integration.images import CI_TAG, DOCKER
+from tests.integration.images import CI_TAG, DOCKER, aborted_at_exit
 
 pytestmark = pytest.mark.docker
 IMAGE = f"ghcr.io/train-images/train:{CI_TAG}"
@@ -58,12 +57,12 @@ def test_the_whole_gate_passes_as_an_arbitrary_uid_and_group_on_a_read_only_root
     # A rank aborting at interpreter exit, after its work, is PyTorch's gloo shutdown race (pytorch/pytorch#190489,
     # docs/training.md), not this test's subject: as in test_launchers, everything else must have passed as this
     # UID on this root, and the run is then reported as that known failure (xfail, never a pass).
-    aborted_at_exit = proc.returncode != 0 and "exit_abort" in {d["id"] for d in signatures.diagnose(proc.stdout)}
-    if not aborted_at_exit:
+    aborted = aborted_at_exit(proc.returncode, proc.stdout)
+    if not aborted:
         assert proc.returncode == 0, shown
     verdict = json.loads((out / "all.json").read_text())
     assert [c["name"] for c in verdict["checks"]] == ["env", "ops", "compile", "train", "nccl"], shown
-    if aborted_at_exit:
+    if aborted:
         assert [c["name"] for c in verdict["checks"] if not c["passed"]] == ["train"], shown
         assert "rank 1/2 done: ok" in proc.stdout and "✕ train [cpu]" in proc.stdout, shown
         pytest.xfail("the gate's train check ended with a rank aborted at interpreter exit, after its work (gloo "

@@ -13,8 +13,7 @@ import subprocess
 
 import pytest
 
-from smoke import signatures
-from tests.integration.images import CI_TAG, DOCKER
+from tests.integration.images import CI_TAG, DOCKER, aborted_at_exit
 
 pytestmark = pytest.mark.docker
 IMAGE = f"ghcr.io/train-images/train:{CI_TAG}"
@@ -44,8 +43,8 @@ def test_the_trainer_job_resumes_and_consolidates_under_each_launcher(launcher, 
     # A rank aborting at interpreter exit, after its work, is PyTorch's gloo shutdown race (pytorch/pytorch#190489,
     # docs/training.md). Everything the job must do is still checked below; then the run is reported as that
     # known failure (xfail, never a pass), because the launcher's exit status, which users get, was not 0.
-    aborted_at_exit = proc.returncode != 0 and "exit_abort" in {d["id"] for d in signatures.diagnose(out)}
-    if not aborted_at_exit:
+    aborted = aborted_at_exit(proc.returncode, out)
+    if not aborted:
         assert proc.returncode == 0, f"{launcher}: exit {proc.returncode}\n{out[-6000:]}"
     assert "rank 1/2 done: ok" in proc.stdout, out[-6000:]
     assert proc.stdout.count("/2 done: ok") == 4, out[-6000:]  # both ranks finished both runs
@@ -55,6 +54,6 @@ def test_the_trainer_job_resumes_and_consolidates_under_each_launcher(launcher, 
     left = set(proc.stdout.split())
     assert {"checkpoint-2", "checkpoint-4", "checkpoint-4/global_step4", "consolidated/model.safetensors"} <= left, \
         proc.stdout[-2000:]
-    if aborted_at_exit:
+    if aborted:
         pytest.xfail(f"{launcher}: exit {proc.returncode} after the job's work was done and checked: a rank aborted "
                      "at interpreter exit (gloo worker freeing tensors while Python finalizes, pytorch/pytorch#190489)")
