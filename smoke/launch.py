@@ -7,7 +7,9 @@ instead of leaving them blocked in a collective until the process-group timeout,
 is killed as a whole process tree.
 """
 
+import faulthandler
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -98,9 +100,16 @@ def rank_vars(local, n, port, node=None):
                 MASTER_PORT=str(node["master_port"]))
 
 
-def run_ranks(module, n, out_dir, name, timeout, env, args=(), node=None):
+# Once a rank has exited 0, the others get this long to follow. Our ranks leave after a common barrier, so what is
+# left is destroy_process_group() and interpreter exit, seconds on a loaded host; a rank stuck there (a teardown
+# hang, pytorch/pytorch#75097) would otherwise hold the gate until the check's whole timeout.
+LEAVE_GRACE = 120
+
+
+def run_ranks(module, n, out_dir, name, timeout, env, args=(), node=None, leave_grace=LEAVE_GRACE):
     """Run `python -m module args` as n ranks on this host (node: see rank_vars).  Returns dict:
-    {"rcs": [..], "timed_out": bool, "logs": [paths], "first_failure": local rank or None, "seconds"}.
+    {"rcs": [..], "timed_out": bool, "logs": [paths], "first_failure": local rank or None, "seconds",
+    "left_first": (rank, leave_grace) when the others were killed leave_grace after that rank exited 0, else None}.
     """
     os.makedirs(out_dir, exist_ok=True)
     port = free_port() if node is None else None
@@ -125,9 +134,11 @@ def run_ranks(module, n, out_dir, name, timeout, env, args=(), node=None):
             procs.append(subprocess.Popen([sys.executable, "-m", module] + list(args),
                                           stdout=f, stderr=subprocess.STDOUT, env=e,
                                           stdin=subprocess.DEVNULL, start_new_session=True))
-        timed_out, first_failure = False, None
+        timed_out, first_failure, left_first = False, None, None
         while True:
             rcs = [p.poll() for p in procs]
+            if left_first is None and 0 in rcs:
+                left_first = (rcs.index(0), time.monotonic() - t0)
             bad = [i for i, rc in enumerate(rcs) if rc not in (None, 0)]
             if bad and first_failure is None:
                 first_failure = bad[0]
@@ -137,8 +148,12 @@ def run_ranks(module, n, out_dir, name, timeout, env, args=(), node=None):
                 stop_all()
             if all(rc is not None for rc in rcs):
                 break
-            if time.monotonic() - t0 > timeout:
+            now = time.monotonic() - t0
+            stragglers = left_first is not None and now > left_first[1] + leave_grace
+            if now > timeout or stragglers:
                 timed_out = True
+                left_first = left_first if stragglers and now <= timeout else None
+                dump_stacks(procs)
                 stop_all()
                 deadline = time.monotonic() + 3  # a moment to exit cleanly, then no mercy
                 while time.monotonic() < deadline and any(p.poll() is None for p in procs):
@@ -150,7 +165,8 @@ def run_ranks(module, n, out_dir, name, timeout, env, args=(), node=None):
             time.sleep(0.2)
         return {"rcs": [p.returncode for p in procs], "timed_out": timed_out,
                 "first_failure": first_failure, "logs": logs,
-                "seconds": round(time.monotonic() - t0, 2)}
+                "seconds": round(time.monotonic() - t0, 2),
+                "left_first": (left_first[0], leave_grace) if timed_out and left_first else None}
     finally:
         stop_all(signal.SIGKILL)
         for f in files:
@@ -172,6 +188,46 @@ def read_logs(paths, limit=200000):
 
 def tail(text, lines=15, width=240):
     return "\n".join(ln[:width] for ln in text.strip().splitlines()[-lines:])
+
+
+STACKS_SIGNAL = signal.SIGUSR1  # a rank started with start_rank() prints its Python stacks to its log on it
+_STACK_LINE = re.compile(r"^(?:(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):|  File .*|\s*)$")
+
+
+def start_rank():
+    """What every rank does first: die with the launcher, and print where it is when the launcher, about to
+    kill it as hung, asks (faulthandler: every Python thread's stack, no GIL needed)."""
+    die_with_parent()
+    faulthandler.register(STACKS_SIGNAL, all_threads=True)
+
+
+def dump_stacks(procs, wait=2.0):
+    """Ask each live rank for its stacks (lands in its log) and give it a moment to write them."""
+    asked = False
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.kill(p.pid, STACKS_SIGNAL)
+                asked = True
+            except (ProcessLookupError, PermissionError):
+                pass
+    if asked:
+        time.sleep(wait)
+
+
+def last_stack_dump(text, lines=16):
+    """The last faulthandler dump in a rank's log (each Python thread's frames, innermost first), or ""."""
+    rows = [ln.rstrip() for ln in text.splitlines()]
+    heads = [i for i, ln in enumerate(rows) if ln.endswith("(most recent call first):")]
+    if not heads:
+        return ""
+    start = end = heads[-1]
+    while start > 0 and _STACK_LINE.match(rows[start - 1]):  # the dump's earlier threads
+        start -= 1
+    while end + 1 < len(rows) and _STACK_LINE.match(rows[end + 1]):
+        end += 1
+    start = min(i for i in heads if i >= start)
+    return "\n".join([ln for ln in rows[start:end + 1] if ln][:lines])
 
 
 def die_with_parent():

@@ -191,7 +191,7 @@ def summarise(res, mode, n, nnodes=1):
 # ----------------------------------------------------------------------------- worker side
 
 def worker():
-    launch.die_with_parent()
+    launch.start_rank()
     import torch
     import torch.distributed as dist
 

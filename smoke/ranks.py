@@ -11,6 +11,19 @@ import os
 
 from smoke import launch, report
 
+# A rank prints one before each step of leaving: the last one in a hung rank's log says where it hangs.
+TEARDOWN_MARK = "SMOKE teardown:"
+TEARDOWN_STEPS = (("barrier", "in the final barrier"),
+                  ("destroy_process_group", "in destroy_process_group()"),
+                  ("exit", "at interpreter exit, after destroy_process_group()"))
+# What a rank hung in destroy_process_group() means, from our own gdb stacks (docs/training.md).
+DESTROY_HANG = (
+    "teardown_deadlock: a rank hung in destroy_process_group() after its work was done. Seen with gloo (torch 2.6 "
+    "on CPU, about 1 run in 30 on a busy host): freeing the process group holds the GIL and joins gloo's worker "
+    "thread, which is freeing the last barrier's tensors and waits for the GIL, a deadlock in PyTorch "
+    "(the same root as pytorch/pytorch#190489; with NCCL see pytorch/pytorch#75097). A user's job would hang "
+    "there too; rerun the gate.")
+
 # ----------------------------------------------------------------------------- parent side
 
 def run_job(module, n, out_dir, job, timeout, env, node=None):
@@ -27,7 +40,13 @@ def record_exit(res, r, data, timeout, prefix=""):
     """Add the launcher's items (all ranks exited 0 / finished in time, rank 0 wrote); True iff all exited 0."""
     ok = not r["timed_out"] and all(rc == 0 for rc in r["rcs"])
     if r["timed_out"]:
-        res.add(f"{prefix}ranks finished within timeout", False, f"killed after {timeout:.0f}s (hang?)")
+        left = r.get("left_first")
+        killed = (f"killed after {timeout:.0f}s" if not left else
+                  f"killed {left[1]:.0f}s after rank {left[0]} exited 0")
+        where = hung_where(r)
+        res.add(f"{prefix}ranks finished within timeout", False,
+                f"{killed} (hang?)" if not (data and where) else
+                f"{killed}: the work was done (rank 0 wrote its result), but the ranks did not exit: {where}")
     else:
         res.add(f"{prefix}all ranks exited 0", ok, "exit codes {}".format(r["rcs"]))
     if not data:
@@ -35,13 +54,41 @@ def record_exit(res, r, data, timeout, prefix=""):
     return ok
 
 
+def hung_where(r):
+    """'rank 0 in destroy_process_group(), rank 1 at interpreter exit, ...' from the teardown marks in the logs
+    of the ranks the launcher had to kill; "" when none of them had begun to leave."""
+    where = []
+    for rank, path in enumerate(r["logs"]):
+        if r["rcs"][rank] == 0:
+            continue
+        step = teardown_step(launch.read_logs([path]))
+        if step:
+            where.append(f"rank {rank} {step}")
+    return ", ".join(where)
+
+
+def teardown_step(log):
+    """Where a rank's log says it was leaving (the last teardown mark), or None."""
+    marks = [ln.split(TEARDOWN_MARK, 1)[1].strip() for ln in log.splitlines() if TEARDOWN_MARK in ln]
+    return dict(TEARDOWN_STEPS).get(marks[-1]) if marks else None
+
+
 def explain_failure(res, r, prefix="", logs=None):
-    """Known failure signatures in the ranks' logs, and the tail of the rank that failed first."""
+    """Known failure signatures in the ranks' logs; the tail of the rank that failed first; for a hang, where
+    each killed rank was (the stacks it printed when asked, see launch.dump_stacks)."""
     res.diagnose(launch.read_logs(r["logs"]) if logs is None else logs)
     first = r["first_failure"]
     if first is not None:
         res.hint(f"{prefix}rank {first} failed first; log tail:\n"
                  + launch.tail(launch.read_logs([r["logs"][first]]), 8))
+    if r.get("timed_out"):
+        for rank, path in enumerate(r["logs"]):
+            log = launch.read_logs([path])
+            stacks = launch.last_stack_dump(log)
+            if stacks:
+                res.hint(f"{prefix}rank {rank} hung here (Python stacks, innermost first):\n{stacks}")
+            if r["rcs"][rank] != 0 and teardown_step(log) == dict(TEARDOWN_STEPS)["destroy_process_group"]:
+                res.hint(f"{prefix}{DESTROY_HANG}")
 
 
 # ----------------------------------------------------------------------------- worker side
@@ -63,8 +110,16 @@ def write_rank0_result(rank, res, env=None):
 def finish(dist, rank, res):
     """Write rank 0's result, then leave together: no rank tears down the group while another still reads it."""
     write_rank0_result(rank, res)
+    leave_group(dist)
+
+
+def leave_group(dist):
+    """The barrier, then destroy_process_group(), each announced in the log first (TEARDOWN_MARK)."""
+    print(f"{TEARDOWN_MARK} barrier", flush=True)
     dist.barrier()
+    print(f"{TEARDOWN_MARK} destroy_process_group", flush=True)
     dist.destroy_process_group()
+    print(f"{TEARDOWN_MARK} exit", flush=True)
 
 
 def all_reduce_scalar(value, dev, op, dtype=None):

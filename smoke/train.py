@@ -174,7 +174,7 @@ def merge_variants(res, job, r, data):
 # ----------------------------------------------------------------------------- worker side
 
 def worker():
-    launch.die_with_parent()
+    launch.start_rank()
     import torch.distributed as dist
 
     rank, world, local, gpu = ranks.rank_env()

@@ -70,7 +70,7 @@ def rank_env():
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    launch.die_with_parent()
+    launch.start_rank()
     rank, world, local, gpu = rank_env()
     out = args.out or os.path.join(tempfile.gettempdir(), "smoke-trainer")
     first = max(1, args.steps // 2)
@@ -96,8 +96,7 @@ def finish(res, rank, world):
     if rank == 0:
         report.print_result(res.finish().to_dict(), ("steps", "loss_first", "loss_last"))
     if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+        ranks.leave_group(dist)
     ok = all(i["ok"] is not False for i in res.items)
     print(f"rank {rank}/{world} done: " + ("ok" if ok else "FAILED"))
     return 0 if ok else 1

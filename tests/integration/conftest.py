@@ -19,6 +19,7 @@ from tests.integration.images import (
     MIRROR_FLAGS,
     canary_bundle,
     docker_available,
+    gate_tolerating_teardown,
     prune_build_cache,
     remove_images,
 )
@@ -108,9 +109,11 @@ def ci_build_cuda12(require_docker, tmp_path_factory):
 def ci_gate(ci_build):
     """The whole gate, once per session, on the CI image built above (`builder smoke TAG --cpu`): on 2 cores it
     takes about two minutes, so the gate test and the publish round trip share this one run."""
-    proc = subprocess.run([sys.executable, "-m", "builder", "smoke", CI_TAG, "--cpu"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=2400)
     from builder.model import paths
 
-    report = json.loads((ROOT / paths.report(CI_TAG, "smoke")).read_text())
+    # A gate failed only by PyTorch's gloo teardown bugs runs once more; twice is xfail (images.py).
+    proc, report = gate_tolerating_teardown(
+        lambda: subprocess.run([sys.executable, "-m", "builder", "smoke", CI_TAG, "--cpu"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=2400),
+        lambda: json.loads((ROOT / paths.report(CI_TAG, "smoke")).read_text()))
     return {"proc": proc, "report": report}

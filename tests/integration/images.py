@@ -30,6 +30,42 @@ def aborted_at_exit(returncode: int, output: str) -> bool:
     return returncode != 0 and "exit_abort" in {d["id"] for d in signatures.diagnose(output)}
 
 
+def failed_only_leaving(report: dict) -> str:
+    """Why a gate (builder's smoke report) failed when every failed item is a rank that did not leave cleanly after
+    its work was done, PyTorch's gloo teardown bugs (docs/training.md): an abort at interpreter exit (exit_abort,
+    pytorch/pytorch#190489) or a hang in destroy_process_group() (teardown_deadlock); "" for any other failure.
+    Tests that gate run it once more, then report it as xfail with this reason, never as a pass."""
+    reasons = set()
+    for check in report.get("checks") or []:
+        for item in check.get("items") or []:
+            if item.get("ok") is not False:
+                continue
+            said = " ".join(check.get("diagnosis") or [])
+            if item["name"].endswith("ranks finished within timeout") and "the work was done" in item["detail"] \
+                    and "teardown_deadlock:" in said:
+                reasons.add("a rank hung in destroy_process_group() after its work (teardown_deadlock)")
+            elif item["name"].endswith("all ranks exited 0") and "exit_abort:" in said:
+                reasons.add("a rank aborted at interpreter exit after its work (exit_abort, pytorch/pytorch#190489)")
+            else:
+                return ""
+    return "; ".join(sorted(reasons))
+
+
+def gate_tolerating_teardown(run_gate, read_report):
+    """Run the gate (run_gate() -> process); when it failed only by a teardown bug (failed_only_leaving), once
+    more; a second such failure is xfail with the reason. Returns (process, report) of the last run."""
+    proc = run_gate()
+    report = read_report()
+    if proc.returncode != 0 and failed_only_leaving(report):
+        proc = run_gate()
+        report = read_report()
+        why = failed_only_leaving(report) if proc.returncode != 0 else ""
+        if why:
+            pytest.xfail(f"the gate failed twice only by PyTorch's gloo teardown bugs ({why}); every check's work "
+                         "was done (docs/training.md)")
+    return proc, report
+
+
 def docker_available() -> bool:
     try:
         from builder.boundary import engine

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from tests.integration.images import CI_TAG, DOCKER, aborted_at_exit
+from tests.integration.images import CI_TAG, DOCKER, gate_tolerating_teardown
 
 pytestmark = pytest.mark.docker
 IMAGE = f"ghcr.io/train-images/train:{CI_TAG}"
@@ -51,21 +51,12 @@ def test_the_whole_gate_passes_as_an_arbitrary_uid_and_group_on_a_read_only_root
     # The gate's own container (builder.boundary.gate: no network, 8g shm, HF_HUB_OFFLINE) as UID:GID 12345:12345.
     hardened_gate = ["--rm", "--network", "none", "--user", "12345:12345", "--read-only", "--tmpfs", "/tmp:exec",
                      "--shm-size", "8g", "-e", "HF_HUB_OFFLINE=1", "-v", f"{out}:/smoke-out"]
-    proc = subprocess.run([DOCKER, "run", *hardened_gate, IMAGE, "smoke", "all", "--cpu", "--out", "/smoke-out"],
-                          capture_output=True, text=True, timeout=2400)
+    # A rank that fails to leave after its work (PyTorch's gloo teardown bugs, docs/training.md) is not this test's
+    # subject: the gate runs once more, and a second such failure is reported as that (xfail, never a pass).
+    proc, verdict = gate_tolerating_teardown(
+        lambda: subprocess.run([DOCKER, "run", *hardened_gate, IMAGE, "smoke", "all", "--cpu", "--out", "/smoke-out"],
+                               capture_output=True, text=True, timeout=2400),
+        lambda: json.loads((out / "all.json").read_text()))
     shown = f"smoke all as 12345:12345, read-only root:\n{proc.stdout[-4000:]}{proc.stderr[-2000:]}"
-    # A rank aborting at interpreter exit, after its work, is PyTorch's gloo shutdown race (pytorch/pytorch#190489,
-    # docs/training.md), not this test's subject: as in test_launchers, everything else must have passed as this
-    # UID on this root, and the run is then reported as that known failure (xfail, never a pass).
-    aborted = aborted_at_exit(proc.returncode, proc.stdout)
-    if not aborted:
-        assert proc.returncode == 0, shown
-    verdict = json.loads((out / "all.json").read_text())
     assert [c["name"] for c in verdict["checks"]] == ["env", "ops", "compile", "train", "nccl"], shown
-    if aborted:
-        assert [c["name"] for c in verdict["checks"] if not c["passed"]] == ["train"], shown
-        assert "rank 1/2 done: ok" in proc.stdout and "✕ train [cpu]" in proc.stdout, shown
-        pytest.xfail("the gate's train check ended with a rank aborted at interpreter exit, after its work (gloo "
-                     "worker freeing tensors while Python finalizes, pytorch/pytorch#190489); every other check "
-                     "passed as 12345:12345 on a read-only root")
-    assert verdict["passed"], shown
+    assert proc.returncode == 0 and verdict["passed"], shown

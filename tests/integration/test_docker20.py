@@ -19,7 +19,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
-from tests.integration.images import CI_TAG
+from tests.integration.images import CI_TAG, gate_tolerating_teardown
 from tests.integration.registry_fixture import Registry
 from tests.integration.second_engine import Engine, base_archive, skip_unless_possible
 
@@ -73,16 +73,12 @@ def test_the_ci_entry_builds_passes_its_gate_and_publishes_on_docker_20_10(engin
     assert report["docker"]["image_store"] == "classic"
     assert report["timestamps_rewritten"] is False and report["layer_compression"] == "gzip"
 
-    gate = _run([sys.executable, "-m", "builder", "smoke", CI_TAG], env, 1800)
-    if gate.returncode != 0 and _only_the_exit_race(tmp_path):
-        # PyTorch's gloo exit race (pytorch/pytorch#190489; test_launchers, test_arbitrary_uid) failed the gate after
-        # every rank's work was done: not what this job tests. The gate is run once more; a second time is xfail.
-        gate = _run([sys.executable, "-m", "builder", "smoke", CI_TAG], env, 1800)
-        if gate.returncode != 0 and _only_the_exit_race(tmp_path):
-            pytest.xfail("the gate failed twice only by PyTorch's gloo exit race (pytorch/pytorch#190489), after "
-                         "every check's work was done; the build on Docker 20.10 was checked above")
+    # PyTorch's gloo teardown bugs (docs/training.md) failing the gate after every rank's work: not what this job
+    # tests; the gate runs once more, and a second time is xfail (the build on Docker 20.10 was checked above).
+    gate, smoke = gate_tolerating_teardown(
+        lambda: _run([sys.executable, "-m", "builder", "smoke", CI_TAG], env, 1800),
+        lambda: json.loads((tmp_path / "reports" / f"{CI_TAG}.smoke.json").read_text()))
     assert gate.returncode == 0, (gate.stdout + gate.stderr)[-4000:]
-    smoke = json.loads((tmp_path / "reports" / f"{CI_TAG}.smoke.json").read_text())
     assert smoke["passed"] is True and smoke["image_id"] == report["image_id"]
 
     registry = Registry(tmp_path / "registry").start()
@@ -96,13 +92,6 @@ def test_the_ci_entry_builds_passes_its_gate_and_publishes_on_docker_20_10(engin
         assert registry.digest("team/train", CI_TAG) == pub["digest"] == registry.digest("team/train", pub["full_tag"])
     finally:
         registry.stop()
-
-
-def _only_the_exit_race(tmp_path) -> bool:
-    """The gate's report shows one failed check, train, whose failure is the exit race (smoke.signatures)."""
-    smoke = json.loads((tmp_path / "reports" / f"{CI_TAG}.smoke.json").read_text())
-    failed = [c for c in smoke.get("checks") or [] if not c.get("passed")]
-    return [c.get("name") for c in failed] == ["train"] and "exit_abort" in json.dumps(failed)
 
 
 def test_make_docker_uses_the_older_engine_it_finds_and_will_not_start_the_modern_one_beside_it(engine20, tmp_path):

@@ -45,3 +45,57 @@ def test_rank0_result_reaches_the_parent_and_a_stale_one_does_not(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == [".fake.rank0.json", "fake.rank0.log", "fake.rank1.log"]
 
 
+
+
+HANGING_WORKER = textwrap.dedent("""
+    import time
+
+    from smoke import launch, ranks, report
+
+    def stuck_leaving_the_group():
+        time.sleep(600)
+
+    launch.start_rank()
+    rank, world, local, gpu = ranks.rank_env()
+    res = report.Result("fake", "cpu")
+    res.add("work", True, "")
+    ranks.write_rank0_result(rank, res)
+    print(ranks.TEARDOWN_MARK, "barrier", flush=True)
+    print(ranks.TEARDOWN_MARK, "destroy_process_group", flush=True)
+    if rank == 1:
+        stuck_leaving_the_group()
+""")
+
+
+def test_a_rank_that_hangs_after_its_work_is_named_with_where_it_hangs(tmp_path):
+    """The launcher kills a hung job; before that it asks each rank for its stacks, and the verdict says the work
+    was done and which rank hung in which step of leaving, with the frames it was in."""
+    (tmp_path / "hang_rank.py").write_text(HANGING_WORKER)
+    env = launch.base_env("cpu")
+    env.update(SMOKE_MODE="cpu", PYTHONPATH=f"{tmp_path}:{env['PYTHONPATH']}")
+    r, data = ranks.run_job("hang_rank", 2, str(tmp_path / "out"), "hang", 8, env)
+    assert r["timed_out"] and r["rcs"][0] == 0 and r["rcs"][1] != 0 and data["items"][0]["name"] == "work"
+    res = report.Result("fake", "cpu")
+    assert ranks.record_exit(res, r, data, 8) is False
+    assert res.items == [{"name": "ranks finished within timeout", "ok": False,
+                          "detail": "killed after 8s: the work was done (rank 0 wrote its result), but the ranks did "
+                                    "not exit: rank 1 in destroy_process_group()"}]
+    ranks.explain_failure(res, r)
+    [hint] = [d for d in res.diagnosis if d.startswith("rank 1 hung here")]
+    assert "stuck_leaving_the_group" in hint and "hang_rank.py" in hint
+    assert any(d.startswith("teardown_deadlock: a rank hung in destroy_process_group()") for d in res.diagnosis)
+
+
+def test_ranks_stuck_after_another_left_are_killed_after_the_grace_not_the_timeout(tmp_path):
+    """Once a rank has exited 0 the rest are past the last barrier: a rank still there leave_grace later is hung,
+    and the job ends then, not at the check's whole timeout (885 s of a CI run, once)."""
+    (tmp_path / "hang_rank.py").write_text(HANGING_WORKER)
+    env = launch.base_env("cpu")
+    env.update(SMOKE_MODE="cpu", PYTHONPATH=f"{tmp_path}:{env['PYTHONPATH']}",
+               SMOKE_RESULT=str(tmp_path / ".hang.rank0.json"))
+    r = launch.run_ranks("hang_rank", 2, str(tmp_path / "out"), "hang", 300, env, leave_grace=4)
+    assert r["timed_out"] and r["seconds"] < 60 and r["left_first"][0] == 0
+    res = report.Result("fake", "cpu")
+    ranks.record_exit(res, r, {"items": []}, 300)
+    assert res.items[0]["detail"].startswith("killed 4s after rank 0 exited 0: the work was done")
+    assert res.items[0]["detail"].endswith("rank 1 in destroy_process_group()")
