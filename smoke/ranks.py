@@ -19,8 +19,8 @@ TEARDOWN_STEPS = (("barrier", "in the final barrier"),
 # What a rank hung in destroy_process_group() means, from our own gdb stacks (docs/training.md).
 DESTROY_HANG = (
     "teardown_deadlock: a rank hung in destroy_process_group() after its work was done. Seen with gloo (torch 2.6 "
-    "on CPU, about 1 run in 15 of `smoke nccl --cpu` here): freeing the process group holds the GIL and joins gloo's worker "
-    "thread, which is freeing the last barrier's tensors and waits for the GIL, a deadlock in PyTorch "
+    "on CPU, about 1 run in 15 of `smoke nccl --cpu` here): freeing the process group holds the GIL and joins "
+    "gloo's worker thread, which is freeing the last barrier's tensors and waits for the GIL, a deadlock in PyTorch "
     "(the same root as pytorch/pytorch#190489; with NCCL see pytorch/pytorch#75097). A user's job would hang "
     "there too; rerun the gate.")
 
