@@ -258,6 +258,12 @@ def stream(image: str, name: str | None = None) -> Iterator[BinaryIO]:
     except BaseException:  # Ctrl-C: no export outlives the builder
         pipe.stop()
         raise
+    else:
+        # Read to the end before closing: a tar reader stops at the first of the two zero blocks Docker ends the
+        # archive with, and Go writes the second one separately. Closed before that write, `docker save` dies of
+        # SIGPIPE, exit 141 with no output: a failed save (seen once in a clean .ci/run, 2026-12-06).
+        while pipe.stdout.read(CHUNK):
+            pass
     finally:
         pipe.stdout.close()
     _check(pipe, name or image)
