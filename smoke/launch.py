@@ -134,7 +134,7 @@ def run_ranks(module, n, out_dir, name, timeout, env, args=(), node=None, leave_
             procs.append(subprocess.Popen([sys.executable, "-m", module] + list(args),
                                           stdout=f, stderr=subprocess.STDOUT, env=e,
                                           stdin=subprocess.DEVNULL, start_new_session=True))
-        timed_out, first_failure, left_first = False, None, None
+        timed_out, first_failure, left_first, by_grace = False, None, None, False
         while True:
             rcs = [p.poll() for p in procs]
             if left_first is None and 0 in rcs:
@@ -149,10 +149,9 @@ def run_ranks(module, n, out_dir, name, timeout, env, args=(), node=None, leave_
             if all(rc is not None for rc in rcs):
                 break
             now = time.monotonic() - t0
-            stragglers = left_first is not None and now > left_first[1] + leave_grace
-            if now > timeout or stragglers:
+            by_grace = now <= timeout and left_first is not None and now > left_first[1] + leave_grace
+            if now > timeout or by_grace:
                 timed_out = True
-                left_first = left_first if stragglers and now <= timeout else None
                 dump_stacks(procs)
                 stop_all()
                 deadline = time.monotonic() + 3  # a moment to exit cleanly, then no mercy
@@ -166,7 +165,7 @@ def run_ranks(module, n, out_dir, name, timeout, env, args=(), node=None, leave_
         return {"rcs": [p.returncode for p in procs], "timed_out": timed_out,
                 "first_failure": first_failure, "logs": logs,
                 "seconds": round(time.monotonic() - t0, 2),
-                "left_first": (left_first[0], leave_grace) if timed_out and left_first else None}
+                "left_first": (left_first[0], leave_grace) if by_grace else None}
     finally:
         stop_all(signal.SIGKILL)
         for f in files:

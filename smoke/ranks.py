@@ -63,14 +63,14 @@ def hung_where(r):
             continue
         step = teardown_step(launch.read_logs([path]))
         if step:
-            where.append(f"rank {rank} {step}")
+            where.append(f"rank {rank} {dict(TEARDOWN_STEPS)[step]}")
     return ", ".join(where)
 
 
 def teardown_step(log):
-    """Where a rank's log says it was leaving (the last teardown mark), or None."""
+    """The step a rank's log says it was leaving in (its last teardown mark: a TEARDOWN_STEPS key), or None."""
     marks = [ln.split(TEARDOWN_MARK, 1)[1].strip() for ln in log.splitlines() if TEARDOWN_MARK in ln]
-    return dict(TEARDOWN_STEPS).get(marks[-1]) if marks else None
+    return marks[-1] if marks and marks[-1] in dict(TEARDOWN_STEPS) else None
 
 
 def explain_failure(res, r, prefix="", logs=None):
@@ -87,7 +87,7 @@ def explain_failure(res, r, prefix="", logs=None):
             stacks = launch.last_stack_dump(log)
             if stacks:
                 res.hint(f"{prefix}rank {rank} hung here (Python stacks, innermost first):\n{stacks}")
-            if r["rcs"][rank] != 0 and teardown_step(log) == dict(TEARDOWN_STEPS)["destroy_process_group"]:
+            if r["rcs"][rank] != 0 and teardown_step(log) == "destroy_process_group":
                 res.hint(f"{prefix}{DESTROY_HANG}")
 
 
