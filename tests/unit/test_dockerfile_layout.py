@@ -33,7 +33,7 @@ def dockerfile(request) -> str:
 def test_the_python_stage_installs_its_packages_before_it_needs_the_ops_wheel(dockerfile):
     # The ops stage compiles for minutes; requirements.lock must not wait for it (the stages run side by side).
     python = stages(dockerfile)["python"]
-    assert python.index("-r /opt/train-image/locks/requirements.lock") < python.index("COPY --from=ops")
+    assert python.index("-r /opt/train-image/locks/requirements.lock") < python.index("from=ops,")
 
 
 def test_no_install_step_holds_a_cache_lock_that_would_serialise_the_stages(dockerfile):
@@ -61,10 +61,10 @@ def test_torchs_cuda_libraries_are_a_layer_of_their_own_and_the_whole_lock_insta
     # One ~5 GB layer exported in 28-67 s: BuildKit hashes layers in parallel, so the export goes with the largest.
     torch = stages(dockerfile)["torch"]
     runs = torch.split("\nRUN ")[1:]
-    assert len(runs) == 2 and "-r /opt/build-tools/torch-cuda.lock" in runs[0]
-    assert "--mount=type=bind,source=torch-cuda.lock,target=/opt/build-tools/torch-cuda.lock" in runs[0]
+    assert len(runs) == 3 and "-r /.in-torch-cuda.lock" in runs[0]
+    assert "--mount=type=bind,source=torch-cuda.lock,target=/.in-torch-cuda.lock" in runs[0]
     # The second install takes the whole lock: whatever the first did not install, it does.
-    assert "COPY torch.lock" in runs[0] and "-r /opt/train-image/locks/torch.lock" in runs[1]
+    assert "source=torch.lock" in runs[1] and "-r /opt/train-image/locks/torch.lock" in runs[2]
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.tag)
@@ -87,7 +87,7 @@ def test_every_step_uses_the_fixed_source_date_epoch(dockerfile):
 def test_bytecode_is_compiled_for_new_files_only_and_hash_checked(dockerfile):
     assert "--compile-bytecode" not in dockerfile  # uv would recompile (and copy up) torch's files in every layer
     for name in ("torch", "python"):
-        assert "python -S /opt/build-tools/compile-new.py" in stages(dockerfile)[name]
+        assert "python -S /.in-compile-new.py" in stages(dockerfile)[name]
 
 
 def test_build_tools_lock_is_rendered_with_hashes():
@@ -128,7 +128,7 @@ def test_unpacked_debs_are_hash_checked_before_unpacking_and_never_reach_the_ima
         name, _, path, sha256 = line.split()
         assert path not in dockerfile and sha256 not in dockerfile, name
     after = dockerfile[dockerfile.index("FROM torch AS python"):]
-    assert "ops-deb.lock" not in after and "COPY --from=ops /opt/ops/wheel/ /opt/train-image/ops/" in after
+    assert "ops-deb.lock" not in after and "--mount=type=bind,from=ops,source=/opt/ops/wheel,target=/.in-ops" in after
 
 
 def test_the_cpu_accelerator_ops_build_beside_the_cuda_ops_and_only_their_wheel_reaches_the_image():
@@ -142,11 +142,11 @@ def test_the_cpu_accelerator_ops_build_beside_the_cuda_ops_and_only_their_wheel_
     assert "--require-hashes" in cpu and "ops.py verify --accelerator cpu" in cpu
     assert "ENV DS_ACCELERATOR=cuda" in parts["ops"] and "DS_BUILD_SHM_COMM" not in parts["ops"]
     assert "wheel-cpu" not in parts["ops"]
-    assert "COPY --from=ops-cpu /opt/ops/wheel-cpu/ /opt/train-image/ops-cpu/" in parts["python"]
+    assert "--mount=type=bind,from=ops-cpu,source=/opt/ops/wheel-cpu,target=/.in-ops-cpu" in parts["python"]
     assert "train-image-deepspeed-cpu.pth" in parts["python"]
     # pip --target compiles in a random temporary directory, whose path would land in every .pyc: compiled after
     assert "--no-compile --target /opt/deepspeed-cpu" in parts["python"]
-    assert "python -S /opt/build-tools/compile-new.py /opt/deepspeed-cpu /tmp/site.before" in parts["python"]
+    assert "python -S /.in-compile-new.py /opt/deepspeed-cpu /tmp/site.before" in parts["python"]
 
 
 def test_an_entry_whose_deepspeed_predates_the_checked_builders_keeps_the_jit_path():

@@ -11,18 +11,28 @@ ARG BASE_IMAGE=nvidia/cuda:12.1.1-runtime-ubuntu22.04@sha256:8bbc6e304b193e84327
 
 FROM ${BASE_IMAGE} AS os
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# A fixed SOURCE_DATE_EPOCH (1980-01-01, the zip epoch) for every build step, not the commit date: a commit
+# then invalidates no install layer (the torch layer and the ops stage are reused across commits), and what
+# the steps write (bytecode is hash-checked; the DeepSpeed wheel's zip dates; every file's time, layer_end) is the
+# same in every build. The commit date goes into the image's labels (org.opencontainers.image.created) instead.
+ARG SOURCE_DATE_EPOCH=315532800
 ENV DEBIAN_FRONTEND=noninteractive \
     LANG=C.UTF-8 \
     PYTHONUNBUFFERED=1
 # An apt mirror is not secret: it may come as a build arg.
 ARG APT_MIRROR=
-COPY apt.lock /opt/train-image/locks/apt.lock
+RUN --mount=type=bind,source=apt.lock,target=/.in-apt.lock \
+    t0=$(( $(date +%s) - 2 )); \
+    mkdir -p /opt/train-image/locks \
+    && cp -R --no-preserve=ownership /.in-apt.lock /opt/train-image/locks/apt.lock \
+    && find / -xdev -newermt "@$t0" \( -type l -o -writable \) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +
 # docker-clean would empty the apt cache mounts; versions come from apt.lock (builder lock). The live archive
 # (or APT_MIRROR) first; once it has dropped a pinned version, the dated snapshot apt.lock records
 # (`# snapshot: URL TIMESTAMP`, snapshot.debian.org / snapshot.ubuntu.com), whose Release files are old by design.
 # hadolint ignore=DL3008,SC2046
 RUN --mount=type=cache,id=apt-lists-cuda-12-1-1-runtime-ubuntu22-04,target=/var/lib/apt/lists,sharing=locked \
     --mount=type=cache,id=apt-cache-cuda-12-1-1-runtime-ubuntu22-04,target=/var/cache/apt,sharing=locked \
+    t0=$(( $(date +%s) - 2 )); \
     rm -f /etc/apt/apt.conf.d/docker-clean; \
     if [ -n "$APT_MIRROR" ]; then \
       find /etc/apt/ -name '*.list' -o -name '*.sources' | xargs -r sed -i -E "s#https?://[^ /]+/(debian|ubuntu)#${APT_MIRROR}#g"; \
@@ -36,7 +46,8 @@ RUN --mount=type=cache,id=apt-lists-cuda-12-1-1-runtime-ubuntu22-04,target=/var/
         && apt-get install -y -q --no-install-recommends $(grep -v '^#' /opt/train-image/locks/apt.lock); } \
       || { echo "error: neither the live apt archive nor snapshot ${snap_url}/<archive>/${snap_time} serves every version in apt.lock (or neither is reachable): pass --apt-mirror URL for a mirror that does" >&2; exit 1; }; \
     fi \
-    && rm -rf /var/log/apt /var/log/dpkg.log /var/log/alternatives.log /var/cache/ldconfig/aux-cache
+    && rm -rf /var/log/apt /var/log/dpkg.log /var/log/alternatives.log /var/cache/ldconfig/aux-cache \
+    && find / -xdev -newermt "@$t0" \( -type l -o -writable \) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +
 
 # The image's Python environment. PIP_* make every install below non-interactive and quiet.
 ENV VIRTUAL_ENV=/opt/venv \
@@ -45,24 +56,21 @@ ENV VIRTUAL_ENV=/opt/venv \
     PIP_NO_INPUT=1 \
     PIP_PROGRESS_BAR=off \
     PIP_ROOT_USER_ACTION=ignore
-# A fixed SOURCE_DATE_EPOCH (1980-01-01, the zip epoch) for every build step, not the commit date: a commit
-# then invalidates no install layer (the torch layer and the ops stage are reused across commits), and what
-# the steps write (bytecode is hash-checked; the DeepSpeed wheel's zip dates) is the same in every build.
-# The commit date goes into the image's labels (org.opencontainers.image.created) instead.
 # pip in the venv is the Debian/Ubuntu-bundled wheel (python3-pip-whl, pinned in apt.lock).
-ARG SOURCE_DATE_EPOCH=315532800
-RUN PYTHONHASHSEED=0 python3.10 -m venv /opt/venv
+RUN t0=$(( $(date +%s) - 2 )); \
+    PYTHONHASHSEED=0 python3.10 -m venv /opt/venv \
+    && find / -xdev -newermt "@$t0" \( -type l -o -writable \) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +
 
 # uv (build-tools.lock), for the install steps below; the image never contains it.
 FROM os AS uv
 COPY build-tools.lock /opt/uv/build-tools.lock
-RUN --mount=type=secret,id=pip_cert,required=false \
-    --mount=type=secret,id=pip_index_url,required=false \
-    --mount=type=secret,id=pip_extra_index_url,required=false \
+RUN --mount=type=secret,id=pip_cert,target=/.secret-pip_cert,required=false \
+    --mount=type=secret,id=pip_index_url,target=/.secret-pip_index_url,required=false \
+    --mount=type=secret,id=pip_extra_index_url,target=/.secret-pip_extra_index_url,required=false \
     export PYTHONHASHSEED=0; \
-    if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
-    if [ -s /run/secrets/pip_index_url ]; then PIP_INDEX_URL="$(cat /run/secrets/pip_index_url)"; export PIP_INDEX_URL; fi; \
-    if [ -s /run/secrets/pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /run/secrets/pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \
+    if [ -s /.secret-pip_cert ]; then export PIP_CERT=/.secret-pip_cert; fi; \
+    if [ -s /.secret-pip_index_url ]; then PIP_INDEX_URL="$(cat /.secret-pip_index_url)"; export PIP_INDEX_URL; fi; \
+    if [ -s /.secret-pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /.secret-pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \
     export PIP_INDEX_URL="${PIP_INDEX_URL:-https://pypi.org/simple}"; \
     pip install -q --no-cache-dir --require-hashes --no-deps --no-compile --target /opt/uv -r /opt/uv/build-tools.lock \
     && /opt/uv/bin/uv --version
@@ -75,46 +83,54 @@ ARG SOURCE_DATE_EPOCH=315532800
 # which installs the rest. BuildKit hashes layers in parallel when it exports the image, so the export takes as long
 # as the larger layer, not the whole; a registry serves them in parallel. Tags with the same base and torch share both
 # layers; with the same base and the same CUDA libraries pinned (another torch), the first.
-RUN --mount=type=cache,id=uv-cache,target=/var/cache/uv,sharing=shared \
-    --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/usr/local/bin/uv \
-    --mount=type=bind,source=compile-new.py,target=/opt/build-tools/compile-new.py \
-    --mount=type=bind,source=torch-cuda.lock,target=/opt/build-tools/torch-cuda.lock \
-    --mount=type=secret,id=pip_cert,required=false \
-    --mount=type=secret,id=pip_index_url,required=false \
-    --mount=type=secret,id=pip_extra_index_url,required=false \
+RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
+    --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/.in-bin/uv \
+    --mount=type=bind,source=compile-new.py,target=/.in-compile-new.py \
+    --mount=type=bind,source=torch-cuda.lock,target=/.in-torch-cuda.lock \
+    --mount=type=secret,id=pip_cert,target=/.secret-pip_cert,required=false \
+    --mount=type=secret,id=pip_index_url,target=/.secret-pip_index_url,required=false \
+    --mount=type=secret,id=pip_extra_index_url,target=/.secret-pip_extra_index_url,required=false \
+    t0=$(( $(date +%s) - 2 )); \
     export PYTHONHASHSEED=0; \
-    if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
-    if [ -s /run/secrets/pip_index_url ]; then PIP_INDEX_URL="$(cat /run/secrets/pip_index_url)"; export PIP_INDEX_URL; fi; \
-    if [ -s /run/secrets/pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /run/secrets/pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \
+    if [ -s /.secret-pip_cert ]; then export PIP_CERT=/.secret-pip_cert; fi; \
+    if [ -s /.secret-pip_index_url ]; then PIP_INDEX_URL="$(cat /.secret-pip_index_url)"; export PIP_INDEX_URL; fi; \
+    if [ -s /.secret-pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /.secret-pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \
     export PIP_INDEX_URL="${PIP_INDEX_URL:-https://pypi.org/simple}"; \
-    export UV_INDEX_URL="$PIP_INDEX_URL" UV_CACHE_DIR=/var/cache/uv UV_LINK_MODE=copy \
+    export PATH="/.in-bin:$PATH" UV_INDEX_URL="$PIP_INDEX_URL" UV_CACHE_DIR=/.uv-cache UV_LINK_MODE=copy \
       UV_NO_PROGRESS=1 UV_PYTHON_DOWNLOADS=never; \
     if [ -n "${PIP_EXTRA_INDEX_URL:-}" ]; then export UV_EXTRA_INDEX_URL="$PIP_EXTRA_INDEX_URL"; fi; \
     if [ -n "${PIP_CERT:-}" ]; then export SSL_CERT_FILE="$PIP_CERT"; fi; \
     ls -A /opt/venv/lib/python3.10/site-packages > /tmp/site.before; \
-    uv pip install --require-hashes --no-deps -r /opt/build-tools/torch-cuda.lock \
-    && python -S /opt/build-tools/compile-new.py /opt/venv/lib/python3.10/site-packages /tmp/site.before \
-    && rm /tmp/site.before
-COPY torch.lock /opt/train-image/locks/torch.lock
-RUN --mount=type=cache,id=uv-cache,target=/var/cache/uv,sharing=shared \
-    --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/usr/local/bin/uv \
-    --mount=type=bind,source=compile-new.py,target=/opt/build-tools/compile-new.py \
-    --mount=type=secret,id=pip_cert,required=false \
-    --mount=type=secret,id=pip_index_url,required=false \
-    --mount=type=secret,id=pip_extra_index_url,required=false \
+    uv pip install --require-hashes --no-deps -r /.in-torch-cuda.lock \
+    && python -S /.in-compile-new.py /opt/venv/lib/python3.10/site-packages /tmp/site.before \
+    && rm /tmp/site.before \
+    && find / -xdev -newermt "@$t0" \( -type l -o -writable \) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +
+RUN --mount=type=bind,source=torch.lock,target=/.in-torch.lock \
+    t0=$(( $(date +%s) - 2 )); \
+    mkdir -p /opt/train-image/locks \
+    && cp -R --no-preserve=ownership /.in-torch.lock /opt/train-image/locks/torch.lock \
+    && find / -xdev -newermt "@$t0" \( -type l -o -writable \) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +
+RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
+    --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/.in-bin/uv \
+    --mount=type=bind,source=compile-new.py,target=/.in-compile-new.py \
+    --mount=type=secret,id=pip_cert,target=/.secret-pip_cert,required=false \
+    --mount=type=secret,id=pip_index_url,target=/.secret-pip_index_url,required=false \
+    --mount=type=secret,id=pip_extra_index_url,target=/.secret-pip_extra_index_url,required=false \
+    t0=$(( $(date +%s) - 2 )); \
     export PYTHONHASHSEED=0; \
-    if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
-    if [ -s /run/secrets/pip_index_url ]; then PIP_INDEX_URL="$(cat /run/secrets/pip_index_url)"; export PIP_INDEX_URL; fi; \
-    if [ -s /run/secrets/pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /run/secrets/pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \
+    if [ -s /.secret-pip_cert ]; then export PIP_CERT=/.secret-pip_cert; fi; \
+    if [ -s /.secret-pip_index_url ]; then PIP_INDEX_URL="$(cat /.secret-pip_index_url)"; export PIP_INDEX_URL; fi; \
+    if [ -s /.secret-pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /.secret-pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \
     export PIP_INDEX_URL="${PIP_INDEX_URL:-https://pypi.org/simple}"; \
-    export UV_INDEX_URL="$PIP_INDEX_URL" UV_CACHE_DIR=/var/cache/uv UV_LINK_MODE=copy \
+    export PATH="/.in-bin:$PATH" UV_INDEX_URL="$PIP_INDEX_URL" UV_CACHE_DIR=/.uv-cache UV_LINK_MODE=copy \
       UV_NO_PROGRESS=1 UV_PYTHON_DOWNLOADS=never; \
     if [ -n "${PIP_EXTRA_INDEX_URL:-}" ]; then export UV_EXTRA_INDEX_URL="$PIP_EXTRA_INDEX_URL"; fi; \
     if [ -n "${PIP_CERT:-}" ]; then export SSL_CERT_FILE="$PIP_CERT"; fi; \
     ls -A /opt/venv/lib/python3.10/site-packages > /tmp/site.before; \
     uv pip install --require-hashes --no-deps -r /opt/train-image/locks/torch.lock \
-    && python -S /opt/build-tools/compile-new.py /opt/venv/lib/python3.10/site-packages /tmp/site.before \
-    && rm /tmp/site.before
+    && python -S /.in-compile-new.py /opt/venv/lib/python3.10/site-packages /tmp/site.before \
+    && rm /tmp/site.before \
+    && find / -xdev -newermt "@$t0" \( -type l -o -writable \) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +
 
 # nvcc for the ops stage: NVIDIA's devel image of the same CUDA and OS (compat.yaml toolchain.nvcc).
 FROM nvidia/cuda:12.1.1-devel-ubuntu22.04 AS nvcc
@@ -148,17 +164,17 @@ ENV DS_ACCELERATOR=cuda \
     LDFLAGS=-s \
     MAX_JOBS=2 \
     NVCC_APPEND_FLAGS="--threads 0"
-RUN --mount=type=cache,id=uv-cache,target=/var/cache/uv,sharing=shared \
-    --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/usr/local/bin/uv \
-    --mount=type=secret,id=pip_cert,required=false \
-    --mount=type=secret,id=pip_index_url,required=false \
-    --mount=type=secret,id=pip_extra_index_url,required=false \
+RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
+    --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/.in-bin/uv \
+    --mount=type=secret,id=pip_cert,target=/.secret-pip_cert,required=false \
+    --mount=type=secret,id=pip_index_url,target=/.secret-pip_index_url,required=false \
+    --mount=type=secret,id=pip_extra_index_url,target=/.secret-pip_extra_index_url,required=false \
     export PYTHONHASHSEED=0; \
-    if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
-    if [ -s /run/secrets/pip_index_url ]; then PIP_INDEX_URL="$(cat /run/secrets/pip_index_url)"; export PIP_INDEX_URL; fi; \
-    if [ -s /run/secrets/pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /run/secrets/pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \
+    if [ -s /.secret-pip_cert ]; then export PIP_CERT=/.secret-pip_cert; fi; \
+    if [ -s /.secret-pip_index_url ]; then PIP_INDEX_URL="$(cat /.secret-pip_index_url)"; export PIP_INDEX_URL; fi; \
+    if [ -s /.secret-pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /.secret-pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \
     export PIP_INDEX_URL="${PIP_INDEX_URL:-https://pypi.org/simple}"; \
-    export UV_INDEX_URL="$PIP_INDEX_URL" UV_CACHE_DIR=/var/cache/uv UV_LINK_MODE=copy \
+    export PATH="/.in-bin:$PATH" UV_INDEX_URL="$PIP_INDEX_URL" UV_CACHE_DIR=/.uv-cache UV_LINK_MODE=copy \
       UV_NO_PROGRESS=1 UV_PYTHON_DOWNLOADS=never; \
     if [ -n "${PIP_EXTRA_INDEX_URL:-}" ]; then export UV_EXTRA_INDEX_URL="$PIP_EXTRA_INDEX_URL"; fi; \
     if [ -n "${PIP_CERT:-}" ]; then export SSL_CERT_FILE="$PIP_CERT"; fi; \
@@ -190,53 +206,81 @@ FROM torch AS python
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG SOURCE_DATE_EPOCH=315532800
 # Everything else, hash-checked, in its own layer; it does not wait for the ops stage, which runs beside it.
-COPY requirements.lock /opt/train-image/locks/requirements.lock
-RUN --mount=type=cache,id=uv-cache,target=/var/cache/uv,sharing=shared \
-    --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/usr/local/bin/uv \
-    --mount=type=bind,source=compile-new.py,target=/opt/build-tools/compile-new.py \
-    --mount=type=secret,id=pip_cert,required=false \
-    --mount=type=secret,id=pip_index_url,required=false \
-    --mount=type=secret,id=pip_extra_index_url,required=false \
+RUN --mount=type=bind,source=requirements.lock,target=/.in-requirements.lock \
+    t0=$(( $(date +%s) - 2 )); \
+    mkdir -p /opt/train-image/locks \
+    && cp -R --no-preserve=ownership /.in-requirements.lock /opt/train-image/locks/requirements.lock \
+    && find / -xdev -newermt "@$t0" \( -type l -o -writable \) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +
+RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
+    --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/.in-bin/uv \
+    --mount=type=bind,source=compile-new.py,target=/.in-compile-new.py \
+    --mount=type=secret,id=pip_cert,target=/.secret-pip_cert,required=false \
+    --mount=type=secret,id=pip_index_url,target=/.secret-pip_index_url,required=false \
+    --mount=type=secret,id=pip_extra_index_url,target=/.secret-pip_extra_index_url,required=false \
+    t0=$(( $(date +%s) - 2 )); \
     export PYTHONHASHSEED=0; \
-    if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
-    if [ -s /run/secrets/pip_index_url ]; then PIP_INDEX_URL="$(cat /run/secrets/pip_index_url)"; export PIP_INDEX_URL; fi; \
-    if [ -s /run/secrets/pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /run/secrets/pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \
+    if [ -s /.secret-pip_cert ]; then export PIP_CERT=/.secret-pip_cert; fi; \
+    if [ -s /.secret-pip_index_url ]; then PIP_INDEX_URL="$(cat /.secret-pip_index_url)"; export PIP_INDEX_URL; fi; \
+    if [ -s /.secret-pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /.secret-pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \
     export PIP_INDEX_URL="${PIP_INDEX_URL:-https://pypi.org/simple}"; \
-    export UV_INDEX_URL="$PIP_INDEX_URL" UV_CACHE_DIR=/var/cache/uv UV_LINK_MODE=copy \
+    export PATH="/.in-bin:$PATH" UV_INDEX_URL="$PIP_INDEX_URL" UV_CACHE_DIR=/.uv-cache UV_LINK_MODE=copy \
       UV_NO_PROGRESS=1 UV_PYTHON_DOWNLOADS=never; \
     if [ -n "${PIP_EXTRA_INDEX_URL:-}" ]; then export UV_EXTRA_INDEX_URL="$PIP_EXTRA_INDEX_URL"; fi; \
     if [ -n "${PIP_CERT:-}" ]; then export SSL_CERT_FILE="$PIP_CERT"; fi; \
     ls -A /opt/venv/lib/python3.10/site-packages > /tmp/site.before; \
     uv pip install --require-hashes --no-deps -r /opt/train-image/locks/requirements.lock \
-    && python -S /opt/build-tools/compile-new.py /opt/venv/lib/python3.10/site-packages /tmp/site.before \
-    && rm /tmp/site.before
+    && python -S /.in-compile-new.py /opt/venv/lib/python3.10/site-packages /tmp/site.before \
+    && rm /tmp/site.before \
+    && find / -xdev -newermt "@$t0" \( -type l -o -writable \) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +
 # DeepSpeed: the wheel the ops stage built from the hash-checked sdist in deepspeed.lock.
-COPY deepspeed.lock /opt/train-image/locks/deepspeed.lock
-COPY flash-attn.lock /opt/train-image/locks/flash-attn.lock
-COPY --from=ops /opt/ops/wheel/ /opt/train-image/ops/
+RUN --mount=type=bind,source=deepspeed.lock,target=/.in-deepspeed.lock --mount=type=bind,source=flash-attn.lock,target=/.in-flash-attn.lock \
+    t0=$(( $(date +%s) - 2 )); \
+    mkdir -p /opt/train-image/locks \
+    && cp -R --no-preserve=ownership /.in-deepspeed.lock /opt/train-image/locks/deepspeed.lock \
+    && cp -R --no-preserve=ownership /.in-flash-attn.lock /opt/train-image/locks/flash-attn.lock \
+    && find / -xdev -newermt "@$t0" \( -type l -o -writable \) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +
 # pip, not uv, for this local wheel: uv records the file's mtime in the dist-info (uv_cache.json), which differs
-# in every build (docs/reproducibility.md).
-RUN --mount=type=secret,id=pip_cert,required=false \
-    --mount=type=secret,id=pip_index_url,required=false \
-    --mount=type=secret,id=pip_extra_index_url,required=false \
+# in every build (docs/reproducibility.md). The wheel is read from the ops stage in place: only ops.json (what was
+# built) is copied into the image.
+RUN --mount=type=secret,id=pip_cert,target=/.secret-pip_cert,required=false \
+    --mount=type=secret,id=pip_index_url,target=/.secret-pip_index_url,required=false \
+    --mount=type=secret,id=pip_extra_index_url,target=/.secret-pip_extra_index_url,required=false \
+    --mount=type=bind,from=ops,source=/opt/ops/wheel,target=/.in-ops \
+    t0=$(( $(date +%s) - 2 )); \
     export PYTHONHASHSEED=0; \
-    if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
-    if [ -s /run/secrets/pip_index_url ]; then PIP_INDEX_URL="$(cat /run/secrets/pip_index_url)"; export PIP_INDEX_URL; fi; \
-    if [ -s /run/secrets/pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /run/secrets/pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \
-    pip install --no-cache-dir --no-deps --no-index /opt/train-image/ops/deepspeed-*.whl \
-    && rm /opt/train-image/ops/deepspeed-*.whl \
+    if [ -s /.secret-pip_cert ]; then export PIP_CERT=/.secret-pip_cert; fi; \
+    if [ -s /.secret-pip_index_url ]; then PIP_INDEX_URL="$(cat /.secret-pip_index_url)"; export PIP_INDEX_URL; fi; \
+    if [ -s /.secret-pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /.secret-pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \
+    pip install --no-cache-dir --no-deps --no-index /.in-ops/deepspeed-*.whl \
+    && mkdir -p /opt/train-image/ops && cp /.in-ops/ops.json /opt/train-image/ops/ops.json \
     && pip install --no-cache-dir --require-hashes --no-deps -r /opt/train-image/locks/flash-attn.lock \
-    && pip check
+    && pip check \
+    && find / -xdev -newermt "@$t0" \( -type l -o -writable \) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +
 # nvcc in the image too (matrix `nvcc: true`), so other CUDA extensions can JIT-build.
-COPY --from=nvcc /usr/local/cuda /usr/local/cuda
+RUN --mount=type=bind,from=nvcc,source=/usr/local/cuda,target=/.in-cuda \
+    t0=$(( $(date +%s) - 2 )); \
+    cp -a /.in-cuda/. /usr/local/cuda/ \
+    && find / -xdev -newermt "@$t0" \( -type l -o -writable \) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +
 ENV CUDA_HOME=/usr/local/cuda
 
 FROM python AS runtime
+ARG SOURCE_DATE_EPOCH=315532800
 # What the image is (facts.json) and the gate that proves it trains (smoke), runnable on any host:
 #   docker run --rm --gpus all --shm-size=8g IMAGE smoke all
-COPY image.json /opt/train-image/image.json
-COPY smoke/ /opt/train-image/smoke/
-RUN install -m 0755 /opt/train-image/smoke/bin/smoke /usr/local/bin/smoke
+RUN --mount=type=bind,source=image.json,target=/.in-image.json \
+    t0=$(( $(date +%s) - 2 )); \
+    mkdir -p /opt/train-image \
+    && cp -R --no-preserve=ownership /.in-image.json /opt/train-image/image.json \
+    && find / -xdev -newermt "@$t0" \( -type l -o -writable \) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +
+RUN --mount=type=bind,source=smoke/,target=/.in-smoke- \
+    t0=$(( $(date +%s) - 2 )); \
+    mkdir -p /opt/train-image/smoke \
+    && cp -R --no-preserve=ownership /.in-smoke-/. /opt/train-image/smoke/ \
+    && find / -xdev -newermt "@$t0" \( -type l -o -writable \) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +
+RUN t0=$(( $(date +%s) - 2 )); \
+    install -m 0755 /opt/train-image/smoke/bin/smoke /usr/local/bin/smoke \
+    && mkdir -p /workspace \
+    && find / -xdev -newermt "@$t0" \( -type l -o -writable \) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +
 ENV TRAIN_IMAGE_FACTS=/opt/train-image/image.json
 WORKDIR /workspace
 CMD ["bash"]
