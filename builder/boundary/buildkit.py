@@ -22,7 +22,7 @@ from pathlib import Path
 
 import builder
 from builder import fsutil, log
-from builder.boundary import baseimage, engine, git, ociarchive, process
+from builder.boundary import baseimage, engine, git, process
 from builder.errors import BuilderError
 from builder.model import context, paths
 from builder.model.inputs import Inputs
@@ -167,20 +167,23 @@ def secret_files(inputs: Inputs) -> Iterator[dict[str, str]]:
 
 
 def argv(spec: BuildSpec, secrets: Mapping[str, str], image_labels: Mapping[str, str],
-         archive: Path | None = None) -> list[str]:
-    # With `archive` (where the engine can: engine.rewrites_timestamps), every file time in every layer and the
-    # config's dates become SOURCE_DATE_EPOCH: the same inputs give the same image digest. The image goes to an
-    # OCI archive, which `run` loads: the engine's own exporter refuses to rewrite times ("rewrite-timestamp
-    # conflicts with unpack"). The exporter reads the time from a build argument (it does not see a Dockerfile
-    # ARG's default); the value is the Dockerfile's own, so no step changes, and neither does the input hash: only
-    # file times do. BuildKit's provenance (mode=max) is written beside the image in the archive; `run` takes it
-    # out before the load (its build times would make the image differ), and publish attaches it beside ours.
-    rewrite = archive is not None
-    out = engine.client().build_argv(f"type=oci,dest={archive},name={spec.ref},rewrite-timestamp=true,"
-                                     f"{_compression_options(spec.compression)}" if rewrite else None)
+         metadata: Path | None = None) -> list[str]:
+    # Every step of the image gives what it wrote SOURCE_DATE_EPOCH as its time (the Dockerfile's layer_end), so
+    # its layers are the same bytes in every build and the engine's own exporter keeps them as they are: a layer
+    # from the cache keeps its blob, and nothing is rewritten, archived or loaded. Where BuildKit dates the image
+    # config from the build argument SOURCE_DATE_EPOCH (buildx against an engine >= 26: engine.rewrites_timestamps),
+    # the same inputs give the same image digest. Its value is the Dockerfile's own, so no step changes, nor does
+    # the input hash. BuildKit's provenance (mode=max) goes to the metadata file, not into the image (its build
+    # times would make each image differ); `run` keeps it, and publish attaches it beside ours.
+    dated = spec.rewrite_timestamps
+    stored = dated and spec.image_store == "containerd"  # a store that keeps the layers as the build wrote them
+    out = engine.client().build_argv(f"type=docker,name={spec.ref},{_compression_options(spec.compression)}"
+                                     if stored else None)
     out += ["--progress=plain", "--network=host", "-t", spec.ref]
-    if rewrite:
-        out += ["--provenance=mode=max", "--build-arg", f"SOURCE_DATE_EPOCH={ZIP_EPOCH}"]
+    if dated:
+        out += ["--provenance=false", "--build-arg", f"SOURCE_DATE_EPOCH={ZIP_EPOCH}"]
+        if metadata is not None:
+            out += ["--metadata-file", str(metadata)]
     for key, value in sorted(build_args(spec).items()):
         out += ["--build-arg", f"{key}={value}"]
     if spec.no_cache:
@@ -249,31 +252,42 @@ def run(spec: BuildSpec, image_labels: Mapping[str, str], inputs: Inputs,
         provenance: Path | None = None) -> tuple[int, str, str]:
     """Run the build; returns (exit code, combined output, the command as shown), secrets masked in all three.
     A build that failed only because BuildKit lost its session is run once more, and says so. `provenance`: where
-    BuildKit's provenance statement of the loaded image goes, replacing the last one only when this image was
-    loaded (an interrupted or failed build leaves the image before it, and its statement, as they were); its
-    subject says which image it is for, and only that image's is ever used (build, publish)."""
-    # The archive holds the whole image (gigabytes): beside the build contexts, on the checkout's disk, not in a
-    # /tmp that may be memory.
+    BuildKit's provenance statement of the built image goes, replacing the last one only when this build succeeded
+    (a failed or interrupted build leaves the image before it, and its statement, as they were); its subject says
+    which image it is for, and only that image's is ever used (build, publish)."""
     paths.CONTEXT_ROOT.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".image-", dir=paths.CONTEXT_ROOT) as scratch:
-        archive = Path(scratch) / "image.tar" if spec.rewrite_timestamps else None
+    with tempfile.TemporaryDirectory(prefix=".build-", dir=paths.CONTEXT_ROOT) as scratch:
+        metadata = Path(scratch) / "metadata.json" if spec.rewrite_timestamps else None
 
         def attempt():
             with secret_files(inputs) as secrets:
-                return engine.run_cli(argv(spec, secrets, image_labels, archive), mask=tuple(inputs.secret_values))
+                return engine.run_cli(argv(spec, secrets, image_labels, metadata), mask=tuple(inputs.secret_values))
 
         proc = attempt()
         if proc.returncode != 0 and SESSION_LOST.search(proc.stdout):
             log.info("warning: BuildKit lost this build's client session (a known transient under load, "
                      "moby/buildkit#6422): building once more")
             proc = attempt()
-        if proc.returncode != 0 or archive is None:
-            return proc.returncode, proc.stdout, proc.shown
-        statements = ociarchive.detach_attestations(archive)
-        loaded = engine.run_cli([engine.client().binary, "load", "-i", str(archive)])
-        if loaded.returncode == 0 and provenance is not None and statements:
-            fsutil.write_atomic(provenance, json.dumps(statements[0], indent=1, sort_keys=True) + "\n")
-        return loaded.returncode, proc.stdout + loaded.stdout, proc.shown
+        if proc.returncode == 0 and metadata is not None and provenance is not None:
+            statement = provenance_statement(metadata, spec.ref)
+            if statement is not None:
+                fsutil.write_atomic(provenance, json.dumps(statement, indent=1, sort_keys=True) + "\n")
+        return proc.returncode, proc.stdout, proc.shown
+
+
+def provenance_statement(metadata: Path, ref: str) -> dict | None:
+    """BuildKit's provenance predicate from buildx's metadata file (BUILDX_METADATA_PROVENANCE=max), as the in-toto
+    statement BuildKit would attach, its subject the image manifest the build wrote; None where the file has none."""
+    try:
+        found = json.loads(metadata.read_text())
+    except (OSError, ValueError):
+        return None
+    predicate, digest = found.get("buildx.build.provenance"), str(found.get("containerimage.digest") or "")
+    if not isinstance(predicate, dict) or not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+        return None
+    return {"_type": "https://in-toto.io/Statement/v0.1", "predicateType": "https://slsa.dev/provenance/v0.2",
+            "subject": [{"name": f"pkg:docker/{ref}", "digest": {"sha256": digest.split(":", 1)[1]}}],
+            "predicate": predicate}
 
 
 DISK_FULL_HINT = ("free space where the Docker engine keeps its data (`docker info -f '{{.DockerRootDir}}'`): "

@@ -71,7 +71,8 @@ class Client:
         return [self.binary, "buildx", "build", *(["--output", output] if output else ["--load"])]
 
     def env(self) -> dict:
-        return dict(os.environ, DOCKER_BUILDKIT="1")
+        # BUILDX_METADATA_PROVENANCE: BuildKit's provenance in the metadata file, not in the image (buildkit.argv).
+        return dict(os.environ, DOCKER_BUILDKIT="1", BUILDX_METADATA_PROVENANCE="max")
 
 
 def _quiet(argv: list[str], timeout: int = 20) -> process.Result:
