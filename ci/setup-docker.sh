@@ -8,7 +8,7 @@
 #   auto (default)    an engine that answers already is used as it is (we never stop one; an older one is said to
 #                     lack file-time rewriting and zstd layers); when none answers, `modern` is started
 #   modern            Docker 26 + buildx + the containerd image store, what Docker's own packages give users:
-#                     Debian 13's docker.io, docker-cli, docker-buildx and containerd unpacked under
+#                     Debian 13's docker.io, docker-cli and containerd, and Debian 14's docker-buildx, unpacked under
 #                     MODERN_DOCKER (default /opt/docker-modern); runc stays the host's (Debian 13's needs
 #                     glibc 2.38). The builder then uses `docker buildx build`. Refused while an older engine
 #                     answers. Debian's docker.io is installed beside it (not started): its client is the one the
@@ -73,12 +73,16 @@ fi
 dockerd_bin=dockerd
 dockerd_argv=(dockerd)
 if [ "$engine" = modern ] && [ -z "$running" ]; then
-  # `Docker version 26.1.5+dfsg1, build 411e817`: reinstalled unless ours is there and 26 or newer.
-  if ! is_modern "$("$modern/usr/sbin/dockerd" --version 2>/dev/null | sed -n 's/^Docker version \([^,]*\),.*/\1/p')"; then
+  # `Docker version 26.1.5+dfsg1, build 411e817`, `github.com/docker/buildx 0.29.1+ds1 …`: reinstalled unless ours
+  # is there, the engine 26 or newer and buildx 0.14 or newer (the first to write BuildKit's provenance into its
+  # metadata file; trixie has 0.13.1, so buildx comes from forky: one static Go binary, libc6 >= 2.34).
+  buildx_version=$("$modern/usr/libexec/docker/cli-plugins/docker-buildx" version 2>/dev/null | awk '{print $2}')
+  if ! is_modern "$("$modern/usr/sbin/dockerd" --version 2>/dev/null | sed -n 's/^Docker version \([^,]*\),.*/\1/p')" \
+     || ! [[ "$buildx_version" =~ ^0\.(1[4-9]|[2-9][0-9])\.|^[1-9] ]]; then
     # shellcheck source=ci/trixie-apart.sh
     . "$(dirname "$0")/trixie-apart.sh"
     trixie_update
-    trixie_unpack "$modern" docker.io docker-cli docker-buildx containerd
+    trixie_unpack "$modern" docker.io docker-cli docker-buildx/forky containerd
   fi
   # Any docker client finds buildx here (a plugin directory every client searches).
   mkdir -p /usr/local/lib/docker/cli-plugins

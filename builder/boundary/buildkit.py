@@ -24,7 +24,7 @@ import builder
 from builder import fsutil, log
 from builder.boundary import baseimage, engine, git, process
 from builder.errors import BuilderError
-from builder.model import context, paths
+from builder.model import attestations, context, paths
 from builder.model.inputs import Inputs
 from builder.model.matrix import Entry
 
@@ -69,8 +69,8 @@ def spec(entry: Entry, inputs: Inputs, *, context: Path, ref: str, no_cache: boo
 
 
 def layer_compression(spec: BuildSpec) -> str:
-    """How the built image's layers are compressed when pushed. Where the build writes the image itself (the OCI
-    archive of a timestamp-rewriting engine) into the containerd image store, which keeps blobs as they came, it is
+    """How the built image's layers are compressed when pushed. Where the build writes the image itself (buildx
+    against an engine >= 26, see `argv`) into the containerd image store, which keeps blobs as they came, it is
     the spec's choice: zstd unpacks several times faster than gzip (docs/benchmarks.md) and needs Docker >= 23 or
     containerd >= 1.5 to pull. Elsewhere gzip: a classic store (Docker 20.10, and newer engines without the
     containerd store) keeps layers uncompressed and compresses them with gzip when it pushes."""
@@ -168,22 +168,22 @@ def secret_files(inputs: Inputs) -> Iterator[dict[str, str]]:
 
 def argv(spec: BuildSpec, secrets: Mapping[str, str], image_labels: Mapping[str, str],
          metadata: Path | None = None) -> list[str]:
-    # Every step of the image gives what it wrote SOURCE_DATE_EPOCH as its time (the Dockerfile's layer_end), so
-    # its layers are the same bytes in every build and the engine's own exporter keeps them as they are: a layer
-    # from the cache keeps its blob, and nothing is rewritten, archived or loaded. Where BuildKit dates the image
-    # config from the build argument SOURCE_DATE_EPOCH (buildx against an engine >= 26: engine.rewrites_timestamps),
-    # the same inputs give the same image digest. Its value is the Dockerfile's own, so no step changes, nor does
-    # the input hash. BuildKit's provenance (mode=max) goes to the metadata file, not into the image (its build
-    # times would make each image differ); `run` keeps it, and publish attaches it beside ours.
+    # Every step of the image gives what it wrote SOURCE_DATE_EPOCH as its time (the Dockerfile's layer_end), so a
+    # layer is the same bytes in every build. Where BuildKit also dates the image config from the build argument
+    # SOURCE_DATE_EPOCH (buildx against an engine >= 26: spec.rewrite_timestamps), the same inputs give the same
+    # image digest, and the engine's own exporter writes it: nothing is rewritten, archived or loaded, and a layer
+    # taken from the cache keeps its blob. The argument's value is the Dockerfile's own, so no step changes, nor
+    # does the input hash. No attestation goes into the image (BuildKit's provenance holds build times, which would
+    # make each image differ); buildx >= 0.14 writes BuildKit's provenance of this build into `metadata` instead.
     dated = spec.rewrite_timestamps
     stored = dated and spec.image_store == "containerd"  # a store that keeps the layers as the build wrote them
-    out = engine.client().build_argv(f"type=docker,name={spec.ref},{_compression_options(spec.compression)}"
+    out = engine.client().build_argv(f"type=image,name={spec.ref},{_compression_options(spec.compression)}"
                                      if stored else None)
     out += ["--progress=plain", "--network=host", "-t", spec.ref]
     if dated:
         out += ["--provenance=false", "--build-arg", f"SOURCE_DATE_EPOCH={ZIP_EPOCH}"]
-        if metadata is not None:
-            out += ["--metadata-file", str(metadata)]
+    if metadata is not None and engine.client().mode == "buildx":
+        out += ["--metadata-file", str(metadata)]
     for key, value in sorted(build_args(spec).items()):
         out += ["--build-arg", f"{key}={value}"]
     if spec.no_cache:
@@ -253,11 +253,11 @@ def run(spec: BuildSpec, image_labels: Mapping[str, str], inputs: Inputs,
     """Run the build; returns (exit code, combined output, the command as shown), secrets masked in all three.
     A build that failed only because BuildKit lost its session is run once more, and says so. `provenance`: where
     BuildKit's provenance statement of the built image goes, replacing the last one only when this build succeeded
-    (a failed or interrupted build leaves the image before it, and its statement, as they were); its subject says
-    which image it is for, and only that image's is ever used (build, publish)."""
+    and buildx reported one (a failed or interrupted build leaves the image before it, and its statement, as they
+    were); its subject says which image it is for, and only that image's is ever used (build, publish)."""
     paths.CONTEXT_ROOT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".build-", dir=paths.CONTEXT_ROOT) as scratch:
-        metadata = Path(scratch) / "metadata.json" if spec.rewrite_timestamps else None
+        metadata = Path(scratch) / "metadata.json"
 
         def attempt():
             with secret_files(inputs) as secrets:
@@ -268,7 +268,7 @@ def run(spec: BuildSpec, image_labels: Mapping[str, str], inputs: Inputs,
             log.info("warning: BuildKit lost this build's client session (a known transient under load, "
                      "moby/buildkit#6422): building once more")
             proc = attempt()
-        if proc.returncode == 0 and metadata is not None and provenance is not None:
+        if proc.returncode == 0 and provenance is not None:
             statement = provenance_statement(metadata, spec.ref)
             if statement is not None:
                 fsutil.write_atomic(provenance, json.dumps(statement, indent=1, sort_keys=True) + "\n")
@@ -276,16 +276,21 @@ def run(spec: BuildSpec, image_labels: Mapping[str, str], inputs: Inputs,
 
 
 def provenance_statement(metadata: Path, ref: str) -> dict | None:
-    """BuildKit's provenance predicate from buildx's metadata file (BUILDX_METADATA_PROVENANCE=max), as the in-toto
-    statement BuildKit would attach, its subject the image manifest the build wrote; None where the file has none."""
+    """BuildKit's provenance of the build, from buildx's metadata file (`buildx.build.provenance`, written by buildx
+    >= 0.14 under BUILDX_METADATA_PROVENANCE=max from the engine's record of this build), as the in-toto statement
+    BuildKit would attach: its subject the image manifest this build wrote (`containerimage.digest`, the same
+    file). buildx gives SLSA v0.2 there (it converts v1). None where the file holds no provenance (buildx 0.13,
+    legacy builds) or no image digest."""
     try:
         found = json.loads(metadata.read_text())
     except (OSError, ValueError):
         return None
+    if not isinstance(found, dict):
+        return None
     predicate, digest = found.get("buildx.build.provenance"), str(found.get("containerimage.digest") or "")
     if not isinstance(predicate, dict) or not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
         return None
-    return {"_type": "https://in-toto.io/Statement/v0.1", "predicateType": "https://slsa.dev/provenance/v0.2",
+    return {"_type": "https://in-toto.io/Statement/v0.1", "predicateType": attestations.BUILDKIT_PROVENANCE,
             "subject": [{"name": f"pkg:docker/{ref}", "digest": {"sha256": digest.split(":", 1)[1]}}],
             "predicate": predicate}
 
@@ -313,7 +318,7 @@ FAILURE_PATTERNS = (
 # never there. Matched only on the client's lines, never on a RUN step's output (`#5 1.23 …`): a pip
 # download that ends early prints "EOF" too, and that is not the engine's fault.
 ENGINE_GONE = re.compile(
-    r"^(?:ERROR: )?(?:failed to solve: )?(?:rpc error: code = Unavailable desc = |Unavailable: )?"
+    r"^(?:ERROR: )?(?:failed to build: )?(?:failed to solve: )?(?:rpc error: code = Unavailable desc = |Unavailable: )?"
     r"(?:error reading from server: )?"
     r"(?:unexpected )?EOF$"
     r"|Cannot connect to the Docker daemon at \S+"

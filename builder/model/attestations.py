@@ -255,8 +255,8 @@ def provenance_binding(statement, digest: str) -> str | None:
 
 BINDING = {SBOM_TYPE: sbom_binding, PROVENANCE_TYPE: provenance_binding}
 
-# BuildKit's own provenance (`--provenance=mode=max`, BuildKit 0.13: SLSA v0.2), stored beside ours with the same
-# artifact type and told apart by its predicate type.
+# BuildKit's own provenance of the build (SLSA v0.2, as buildx's metadata file gives it: buildkit.provenance_statement),
+# stored beside ours with the same artifact type and told apart by its predicate type.
 BUILDKIT_PROVENANCE = "https://slsa.dev/provenance/v0.2"
 BUILDKIT = "buildkit-provenance"
 

@@ -10,7 +10,7 @@ import pytest
 
 from builder import log
 from builder.boundary import buildkit, engine
-from builder.model import context
+from builder.model import attestations, context
 from builder.model.inputs import Inputs
 from tests.conftest import ROOT, run_cli
 
@@ -245,21 +245,29 @@ def test_file_times_are_rewritten_only_where_the_engine_can(monkeypatch, server,
     assert engine.rewrites_timestamps() is rewrites
 
 
-def test_a_rewriting_build_exports_with_the_dockerfiles_epoch_and_keeps_its_input_hash(monkeypatch, tmp_path):
-    """Same inputs, same image digest: every file time becomes the epoch the Dockerfile fixes; the loaded image
-    holds no build-time provenance. The input hash does not move: file contents are what it covers."""
+def test_a_dating_build_exports_into_the_store_with_the_dockerfiles_epoch_and_keeps_its_input_hash(
+        monkeypatch, tmp_path):
+    """Same inputs, same image digest: the config is dated with the epoch the Dockerfile fixes (its steps date the
+    files), the engine's own exporter writes the image into the containerd store as built (no archive, no load),
+    and no attestation goes into it. The input hash does not move: file contents are what it covers."""
     monkeypatch.setattr(engine, "client", lambda: engine.Client("/usr/bin/docker", "buildx"))
-    plain, rewriting = _spec(tmp_path), _spec(tmp_path, rewrite_timestamps=True)
-    argv = buildkit.argv(rewriting, {}, {}, archive=tmp_path / "image.tar")
+    plain, dating = _spec(tmp_path), _spec(tmp_path, rewrite_timestamps=True, image_store="containerd")
+    argv = buildkit.argv(dating, {}, {}, metadata=tmp_path / "metadata.json")
     assert argv[:5] == ["/usr/bin/docker", "buildx", "build", "--output",
-                        f"type=oci,dest={tmp_path}/image.tar,name=example/train:t,rewrite-timestamp=true,"
+                        "type=image,name=example/train:t,"
                         "compression=zstd,compression-level=3,force-compression=true,oci-mediatypes=true"]
-    assert "--provenance=mode=max" in argv and "--load" not in argv  # taken out of the archive before the load
+    assert "--provenance=false" in argv and "--load" not in argv and "rewrite-timestamp" not in " ".join(argv)
     assert f"SOURCE_DATE_EPOCH={buildkit.ZIP_EPOCH}" in argv
+    assert argv[argv.index("--metadata-file") + 1] == str(tmp_path / "metadata.json")  # BuildKit's provenance
     assert buildkit.argv(plain, {}, {})[:4] == ["/usr/bin/docker", "buildx", "build", "--load"]
     assert "--output" not in buildkit.argv(plain, {}, {}) and "SOURCE_DATE_EPOCH" not in " ".join(
         buildkit.argv(plain, {}, {}))
-    assert buildkit.input_hash(plain) == buildkit.input_hash(rewriting)
+    # a classic store (an engine >= 26 without the containerd store) loads as always, dated all the same
+    classic = buildkit.argv(_spec(tmp_path, rewrite_timestamps=True, image_store="classic"), {}, {})
+    assert classic[:4] == ["/usr/bin/docker", "buildx", "build", "--load"] and "--provenance=false" in classic
+    assert buildkit.input_hash(plain) == buildkit.input_hash(dating)
+    monkeypatch.setattr(engine, "client", lambda: engine.Client("/usr/bin/docker", "legacy"))
+    assert "--metadata-file" not in buildkit.argv(plain, {}, {}, metadata=tmp_path / "m.json")  # 20.10: no buildx
 
 
 @pytest.mark.parametrize("rewrite, store, asked, layers", [
@@ -275,11 +283,13 @@ def test_layers_are_compressed_as_asked_where_the_build_writes_them_and_the_cach
     spec = _spec(tmp_path, rewrite_timestamps=rewrite, compression=asked, cache_ref="127.0.0.1:5000/cache:t",
                  image_store=store)
     assert buildkit.layer_compression(spec) == layers
-    argv = buildkit.argv(spec, {}, {}, archive=tmp_path / "image.tar" if rewrite else None)
+    argv = buildkit.argv(spec, {}, {})
     cache_to = argv[argv.index("--cache-to") + 1]
     assert f"compression={layers}" in cache_to and cache_to.startswith("type=registry,ref=127.0.0.1:5000/cache:t,")
-    if rewrite:
+    if rewrite and store == "containerd":
         assert f"compression={asked}" in argv[argv.index("--output") + 1]
+    else:
+        assert "--load" in argv and "--output" not in argv
     assert ("force-compression=true" in cache_to) is (layers == "zstd")
     assert buildkit.input_hash(spec) == buildkit.input_hash(_spec(tmp_path))
 
@@ -290,38 +300,46 @@ def test_the_exporters_epoch_is_the_one_every_dockerfile_fixes():
         assert epochs == {str(buildkit.ZIP_EPOCH)}, dockerfile
 
 
-@pytest.mark.parametrize("build_code", [0, 1])
-def test_a_rewriting_build_is_loaded_from_its_archive_which_is_then_removed(monkeypatch, tmp_path, build_code):
+PREDICATE = {"buildType": "https://mobyproject.org/buildkit@v1", "invocation": {"parameters": {}}}
+DIGEST = "sha256:" + "c" * 64
+
+
+@pytest.mark.parametrize("build_code, written", [
+    (0, {"buildx.build.provenance": PREDICATE, "containerimage.digest": DIGEST}),  # buildx >= 0.14
+    (0, {"containerimage.digest": DIGEST}),  # buildx 0.13: no provenance in the file
+    (0, None),  # no file at all (legacy builds)
+    (0, {"buildx.build.provenance": PREDICATE, "containerimage.digest": "sha256:short"}),
+    (1, {"buildx.build.provenance": PREDICATE, "containerimage.digest": DIGEST})])
+def test_buildkits_provenance_comes_from_the_metadata_file_of_a_build_that_succeeded(
+        monkeypatch, tmp_path, build_code, written):
     from types import SimpleNamespace
 
     calls = []
 
     def run_cli(argv, mask=()):
         calls.append(argv)
-        if argv[1] == "buildx":
-            archive = argv[argv.index("--output") + 1].split("dest=")[1].split(",")[0]
-            open(archive, "w").write("oci")  # what BuildKit's exporter writes
-            return SimpleNamespace(returncode=build_code, stdout="built\n", shown="docker buildx build …")
-        assert argv[1:3] == ["load", "-i"] and open(argv[3]).read() == "oci"
-        return SimpleNamespace(returncode=0, stdout="Loaded image: example/train:t\n", shown="docker load …")
+        if written is not None:
+            open(argv[argv.index("--metadata-file") + 1], "w").write(json.dumps(written))
+        return SimpleNamespace(returncode=build_code, stdout="built\n", shown="docker buildx build …")
 
-    statement = {"predicateType": "https://slsa.dev/provenance/v0.2", "subject": []}
-    detached = []
     monkeypatch.setattr(engine, "client", lambda: engine.Client("/usr/bin/docker", "buildx"))
     monkeypatch.setattr(engine, "run_cli", run_cli)
-    monkeypatch.setattr(buildkit.ociarchive, "detach_attestations", lambda a: detached.append(a) or [statement])
     kept = tmp_path / "prov" / "t.json"
     kept.parent.mkdir()
     kept.write_text("a previous build's")
-    code, output, _ = buildkit.run(_spec(tmp_path, rewrite_timestamps=True), {}, Inputs(), provenance=kept)
-    assert code == build_code and len(calls) == (2 if build_code == 0 else 1)  # a failed build loads nothing
-    # BuildKit's provenance leaves the archive before the load and replaces the last one only for a loaded image:
-    # a failed (or interrupted) build leaves the image before it, and that image's statement, as they were
-    assert json.loads(kept.read_text()) == statement if build_code == 0 else kept.read_text() == "a previous build's"
-    assert len(detached) == (1 if build_code == 0 else 0)
-    assert ("Loaded image" in output) is (build_code == 0)
-    archive = calls[0][calls[0].index("--output") + 1].split("dest=")[1].split(",")[0]
-    assert not os.path.exists(os.path.dirname(archive)), "the archive (gigabytes) is removed after the load"
+    code, output, _ = buildkit.run(_spec(tmp_path, rewrite_timestamps=True, image_store="containerd"), {}, Inputs(),
+                                   provenance=kept)
+    assert code == build_code and len(calls) == 1 and output == "built\n"  # nothing archived, nothing loaded
+    usable = build_code == 0 and written is not None and "buildx.build.provenance" in written \
+        and written["containerimage.digest"] == DIGEST
+    if usable:  # the statement BuildKit would attach: SLSA v0.2 about the image manifest the build wrote
+        statement = json.loads(kept.read_text())
+        assert statement["predicate"] == PREDICATE and statement["subject"][0]["digest"] == {"sha256": "c" * 64}
+        assert attestations.buildkit_binding(statement, DIGEST) is None
+    else:  # a failed build, or none reported: the last image's statement stays as it was
+        assert kept.read_text() == "a previous build's"
+    metadata = calls[0][calls[0].index("--metadata-file") + 1]
+    assert not os.path.exists(os.path.dirname(metadata)), "the scratch directory goes with the build"
 
 
 @pytest.mark.parametrize("fails", [False, True])

@@ -24,6 +24,7 @@ ENGINE_GONE = {
     "buildx": RUN_LINES + "ERROR: failed to solve: rpc error: code = Unavailable desc = error reading from server: EOF\n",
     # buildx 0.13 (Debian 13) against a dockerd stopped with SIGTERM mid-RUN:
     "buildx 0.13": RUN_LINES + "ERROR: failed to solve: Unavailable: error reading from server: EOF\n",
+    "buildx 0.29": RUN_LINES + "ERROR: failed to build: failed to solve: Unavailable: error reading from server: EOF\n",
     "cannot connect": "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon "
                       "running?\n",
     "error during connect": "error during connect: Post \"http://%2Fvar%2Frun%2Fdocker.sock/v1.41/build\": EOF\n",
