@@ -37,8 +37,8 @@ MODERN = Path(os.environ.get("MODERN_DOCKER", "/opt/docker-modern"))
 
 # BuildKit's plain progress: "#31 rewriting layers with source-date-epoch … 80.1s done", "#12 importing cache
 # manifest from … 0.4s done": the phases that are not Dockerfile steps, where a build from the cache spends its time.
-PHASE = re.compile(r"^\s*#\d+ ((?:exporting|rewriting|sending|importing|writing|preparing|resolving|copying)[^\n]*?)"
-                   r" ([0-9.]+)s done$", re.M)
+PHASE = re.compile(r"^\s*#\d+ ((?:exporting|rewriting|sending|importing|writing|preparing|resolving|copying"
+                   r"|unpacking|naming)[^\n]*?) ([0-9.]+)s done$", re.M)
 
 
 def phases(output: str) -> list[tuple[str, float]]:

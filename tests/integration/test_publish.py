@@ -456,6 +456,11 @@ def test_publish_real_ci_image(registry, tmp_path, monkeypatch, ci_gate):
     modern = engine.rewrites_timestamps() and engine.image_store() == "containerd"
     assert built["layer_compression"] == ("zstd" if modern else "gzip")
     assert bool(built["buildkit_provenance"]) is modern
+    if modern:  # BuildKit's record of this very build (buildx's metadata file): its inputs, its image
+        statement = json.loads((ROOT / built["buildkit_provenance"]).read_text())
+        args = statement["predicate"]["invocation"]["parameters"]["args"]
+        assert args["label:io.train-images.input-hash"] == built["input_hash"]
+        assert statement["subject"][0]["digest"]["sha256"] == current.split(":", 1)[1]
     # Our CI builds on a debootstrapped copy of the base (no registry reachable): an explicit exception.
     assert run_cli("publish", CI_TAG, "--registry", registry.host) == 1
     assert run_cli("publish", CI_TAG, "--registry", registry.host, "--allow-substituted-base") == 0

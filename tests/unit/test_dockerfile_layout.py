@@ -154,3 +154,25 @@ def test_an_entry_whose_deepspeed_predates_the_checked_builders_keeps_the_jit_pa
     dockerfile = render.render_entry(entry)["Dockerfile"]
     assert "ops-cpu" not in stages(dockerfile) and "deepspeed-cpu" not in dockerfile
     assert render.facts(entry)["ops"]["cpu_accelerator"] is None
+
+
+SHIPPED = ("os", "torch", "python", "runtime")  # the stages the image is made of; uv, nvcc, ops, ops-cpu only build
+LAYER_END = 'find / -xdev -newermt "@$t0" \\( -type l -o -writable \\) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +'
+
+
+def test_every_shipped_step_dates_what_it_wrote_so_its_layer_is_the_same_bytes_in_every_build(dockerfile):
+    """The engine's own exporter writes layers as the steps left them (no rewrite-timestamp into its store): each
+    RUN of a shipped stage ends by giving what it wrote SOURCE_DATE_EPOCH, and no COPY (it would write the build's
+    time) brings a file into one. A mount's stub would leave a changed directory behind: every mount sits
+    directly under / (or on a directory the base already has)."""
+    parts = stages(dockerfile)
+    for name in SHIPPED:
+        text = re.sub(r"^#.*\n", "", parts[name], flags=re.M)
+        instructions = re.split(r"\n(?=[A-Z]+ )", text)
+        assert not [i for i in instructions if i.startswith(("COPY ", "ADD "))], name
+        runs = [i for i in instructions if i.startswith("RUN ")]
+        assert runs, name
+        for run in runs:
+            assert 't0=$(( $(date +%s) - 2 ))' in run and run.rstrip().endswith(LAYER_END), (name, run[:200])
+        for target in re.findall(r"target=([^ ,\\]+)", parts[name]):
+            assert re.fullmatch(r"/\.[a-z][\w.-]*(?:/uv)?|/var/lib/apt/lists|/var/cache/apt", target), (name, target)
