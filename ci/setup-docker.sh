@@ -76,7 +76,7 @@ if [ "$engine" = modern ] && [ -z "$running" ]; then
   # `Docker version 26.1.5+dfsg1, build 411e817`, `github.com/docker/buildx 0.29.1+ds1 …`: reinstalled unless ours
   # is there, the engine 26 or newer and buildx 0.14 or newer (the first to write BuildKit's provenance into its
   # metadata file; trixie has 0.13.1, so buildx comes from forky: one static Go binary, libc6 >= 2.34).
-  buildx_version=$("$modern/usr/libexec/docker/cli-plugins/docker-buildx" version 2>/dev/null | awk '{print $2}')
+  buildx_version=$("$modern/usr/libexec/docker/cli-plugins/docker-buildx" version 2>/dev/null | awk '{print $2}' || true)
   if ! is_modern "$("$modern/usr/sbin/dockerd" --version 2>/dev/null | sed -n 's/^Docker version \([^,]*\),.*/\1/p')" \
      || ! [[ "$buildx_version" =~ ^0\.(1[4-9]|[2-9][0-9])\.|^[1-9] ]]; then
     # shellcheck source=ci/trixie-apart.sh
