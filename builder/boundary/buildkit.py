@@ -47,7 +47,7 @@ class BuildSpec:
     epoch: int = ZIP_EPOCH
     no_cache: bool = False
     cache_ref: str | None = None  # a registry build cache (buildx only); it changes speed, never the bytes
-    rewrite_timestamps: bool = False  # file times become ZIP_EPOCH (engine.rewrites_timestamps); not content
+    rewrite_timestamps: bool = False  # the engine dates the image with ZIP_EPOCH (engine.rewrites_timestamps)
     compression: str = "zstd"  # of the layers, where the build writes them compressed (see `layer_compression`)
     image_store: str = "classic"  # the engine's (engine.image_store): only the containerd store keeps layers as built
 

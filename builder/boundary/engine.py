@@ -182,9 +182,10 @@ def image_store(found: dict | None = None) -> str:
 
 
 def rewrites_timestamps() -> bool:
-    """Can this docker's builds write every file time as SOURCE_DATE_EPOCH (BuildKit >= 0.13's exporter option
-    `rewrite-timestamp`)? buildx against an engine >= 26, whose embedded BuildKit is 0.13 or newer. Then two
-    builds of the same inputs give the same image, to the digest; elsewhere layers carry the build's times."""
+    """Does this docker's BuildKit date the image it exports from the build argument SOURCE_DATE_EPOCH (the config's
+    created time and history)? buildx against an engine >= 26, whose embedded BuildKit is 0.13 or newer. The
+    Dockerfile's steps date the files themselves (its layer_end), so there two builds of the same inputs give the
+    same image, to the digest; elsewhere (Docker 20.10) the config carries the build's times."""
     major = re.match(r"([0-9]{1,4})\.", str(info().get("ServerVersion") or ""))
     return client().mode == "buildx" and bool(major) and int(major.group(1)) >= 26
 
