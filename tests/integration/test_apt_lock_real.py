@@ -25,7 +25,8 @@ DEB822 = "Types: deb\nURIs: http://deb.debian.org/debian-security\nSuites: bookw
 def apt_block(dockerfile) -> str:
     """The RUN script of the apt step as BuildKit runs it (continuations joined), install simulated."""
     text = dockerfile.read_text()
-    block = text[text.index("    rm -f /etc/apt/apt.conf.d/docker-clean"):text.index("aux-cache\n") + len("aux-cache")]
+    start = text.index("    rm -f /etc/apt/apt.conf.d/docker-clean")
+    block = text[start:text.index("aux-cache", start) + len("aux-cache")]  # the step's layer_end is not run here
     return "set -o pipefail\n" + block.replace("\\\n", "").replace("apt-get install -y -q", "apt-get install -s -q")
 
 
