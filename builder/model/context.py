@@ -2,7 +2,8 @@
 
 dockerfiles/<tag>/ (render's), locks/<tag>/ (lock's) and smoke/ are copied side by side into
 build/context/<tag>/, with the inputs applied (a flash-attn mirror rewrites the wheel's URL, never its hash), and
-torch-cuda.lock derived from torch.lock (its CUDA libraries, for a layer of their own).
+torch-cuda.lock derived from torch.lock (its CUDA libraries, for a layer of their own) and requirements.lock's two
+parts (requirements-deps.lock, requirements-pins.lock: the pins install last, so a change of one reinstalls only them).
 Build and repro stage through here, so the context BuildKit sees and the one hashed are the same files.
 Only regular files inside the repository enter: a symbolic link is refused, wherever it points.
 """
@@ -62,6 +63,11 @@ def stage(entry: Entry, inputs: Inputs, root: Path = paths.CONTEXT_ROOT) -> Path
     torch_lock = target / lockfile.TORCH_LOCK
     if torch_lock.is_file():
         (target / lockfile.TORCH_CUDA_LOCK).write_text(lockfile.cuda_libraries(torch_lock.read_text(encoding="utf-8")))
+    requirements = target / lockfile.LOCK
+    if requirements.is_file():
+        deps, pinned = lockfile.split_pinned(requirements.read_text(encoding="utf-8"), entry.pins)
+        (target / lockfile.REQUIREMENTS_DEPS_LOCK).write_text(deps)
+        (target / lockfile.REQUIREMENTS_PINS_LOCK).write_text(pinned)
     flash = target / lockfile.FLASH_LOCK
     if inputs.flash_attn_mirror and flash.is_file():
         flash.write_text(lockfile.rewrite_flash_lock(flash.read_text(encoding="utf-8"), inputs.flash_attn_mirror))

@@ -20,6 +20,11 @@ TORCH_LOCK = "torch.lock"
 # torch.lock's CUDA libraries, derived when the context is staged (never in locks/): a layer of their own.
 TORCH_CUDA_LOCK = "torch-cuda.lock"
 CUDA_LIBRARY_PREFIXES = ("nvidia-", "cuda-")  # NVIDIA's CUDA wheels: nvidia-cublas, nvidia-cudnn-cu12, cuda-toolkit
+# requirements.lock in two parts, also derived when the context is staged: the matrix's own pins (transformers, peft,
+# accelerate, nvidia-ml-py) install last, in a layer of their own, so a change of one of them reinstalls only those;
+# everything they need installs first, beside the ops stages.
+REQUIREMENTS_DEPS_LOCK = "requirements-deps.lock"
+REQUIREMENTS_PINS_LOCK = "requirements-pins.lock"
 FLASH_LOCK = "flash-attn.lock"
 APT_LOCK = "apt.lock"
 OPS_LOCK = "ops.lock"  # what building DeepSpeed's ops needs besides torch (DeepSpeed's own dependencies)
@@ -125,6 +130,17 @@ def cuda_libraries(torch_lock: str) -> str:
     blocks = [b.text for b in parse_blocks(torch_lock).values() if b.name.startswith(CUDA_LIBRARY_PREFIXES)]
     header = "# torch.lock's CUDA libraries (nvidia-*, cuda-*), staged by the builder for a layer of their own.\n"
     return header + "".join(blocks)
+
+
+def split_pinned(lock: str, pinned) -> tuple[str, str]:
+    """requirements.lock as (what the pins need, the pins themselves): entries with hashes, in lock order, each under
+    a header that names no tag and no input hash, so a part stays byte-identical while its own entries do."""
+    names = {canonical(n) for n in pinned}
+    blocks = parse_blocks(lock).values()
+    deps = "".join(b.text for b in blocks if b.name not in names)
+    pins = "".join(b.text for b in blocks if b.name in names)
+    return ("# requirements.lock less the matrix's pins, staged by the builder for a layer of its own.\n" + deps,
+            "# requirements.lock's entries for the matrix's pins, staged by the builder for the last layer.\n" + pins)
 
 
 def closure_of(root: str, blocks: dict[str, Block]) -> list[str]:

@@ -56,7 +56,7 @@ def test_torch_and_its_cuda_libraries_are_two_layers_of_comparable_size(ci_build
                               IMAGE], capture_output=True, text=True, check=True).stdout.splitlines()
     sizes = {what: int(line.split("\t")[0]) for line in history
              for what, marker in (("cuda", "-r /.in-torch-cuda.lock"),
-                                  ("torch", "-r /opt/train-image/locks/torch.lock")) if marker in line}
+                                  ("torch", "-r /.in-torch.lock")) if marker in line}
     assert sizes.keys() == {"cuda", "torch"}, history
     assert min(sizes.values()) > 1.5e9 and max(sizes.values()) < 0.65 * sum(sizes.values()), sizes
 

@@ -63,8 +63,8 @@ RUN t0=$(( $(date +%s) - 2 )); \
 
 # uv (build-tools.lock), for the install steps below; the image never contains it.
 FROM os AS uv
-COPY build-tools.lock /opt/uv/build-tools.lock
-RUN --mount=type=secret,id=pip_cert,target=/.secret-pip_cert,required=false \
+RUN --mount=type=bind,source=build-tools.lock,target=/.in-build-tools.lock \
+    --mount=type=secret,id=pip_cert,target=/.secret-pip_cert,required=false \
     --mount=type=secret,id=pip_index_url,target=/.secret-pip_index_url,required=false \
     --mount=type=secret,id=pip_extra_index_url,target=/.secret-pip_extra_index_url,required=false \
     export PYTHONHASHSEED=0; \
@@ -72,7 +72,7 @@ RUN --mount=type=secret,id=pip_cert,target=/.secret-pip_cert,required=false \
     if [ -s /.secret-pip_index_url ]; then PIP_INDEX_URL="$(cat /.secret-pip_index_url)"; export PIP_INDEX_URL; fi; \
     if [ -s /.secret-pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /.secret-pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \
     export PIP_INDEX_URL="${PIP_INDEX_URL:-https://pypi.org/simple}"; \
-    pip install -q --no-cache-dir --require-hashes --no-deps --no-compile --target /opt/uv -r /opt/uv/build-tools.lock \
+    pip install -q --no-cache-dir --require-hashes --no-deps --no-compile --target /opt/uv -r /.in-build-tools.lock \
     && /opt/uv/bin/uv --version
 
 FROM os AS torch
@@ -105,14 +105,10 @@ RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
     && python -S /.in-compile-new.py /opt/venv/lib/python3.11/site-packages /tmp/site.before \
     && rm /tmp/site.before \
     && find / -xdev -newermt "@$t0" \( -type l -o -writable \) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +
-RUN --mount=type=bind,source=torch.lock,target=/.in-torch.lock \
-    t0=$(( $(date +%s) - 2 )); \
-    mkdir -p /opt/train-image/locks \
-    && cp -R --no-preserve=ownership /.in-torch.lock /opt/train-image/locks/torch.lock \
-    && find / -xdev -newermt "@$t0" \( -type l -o -writable \) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +
 RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
     --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/.in-bin/uv \
     --mount=type=bind,source=compile-new.py,target=/.in-compile-new.py \
+    --mount=type=bind,source=torch.lock,target=/.in-torch.lock \
     --mount=type=secret,id=pip_cert,target=/.secret-pip_cert,required=false \
     --mount=type=secret,id=pip_index_url,target=/.secret-pip_index_url,required=false \
     --mount=type=secret,id=pip_extra_index_url,target=/.secret-pip_extra_index_url,required=false \
@@ -126,8 +122,9 @@ RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
       UV_NO_PROGRESS=1 UV_PYTHON_DOWNLOADS=never; \
     if [ -n "${PIP_EXTRA_INDEX_URL:-}" ]; then export UV_EXTRA_INDEX_URL="$PIP_EXTRA_INDEX_URL"; fi; \
     if [ -n "${PIP_CERT:-}" ]; then export SSL_CERT_FILE="$PIP_CERT"; fi; \
+    mkdir -p /opt/train-image/locks && cp --no-preserve=ownership /.in-torch.lock /opt/train-image/locks/torch.lock || exit 1; \
     ls -A /opt/venv/lib/python3.11/site-packages > /tmp/site.before; \
-    uv pip install --require-hashes --no-deps -r /opt/train-image/locks/torch.lock \
+    uv pip install --require-hashes --no-deps -r /.in-torch.lock \
     && python -S /.in-compile-new.py /opt/venv/lib/python3.11/site-packages /tmp/site.before \
     && rm /tmp/site.before \
     && find / -xdev -newermt "@$t0" \( -type l -o -writable \) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +
@@ -139,8 +136,6 @@ RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
 FROM torch AS ops
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG SOURCE_DATE_EPOCH=315532800
-COPY ops.lock deepspeed.lock /opt/ops/
-COPY nvcc.lock /opt/ops/nvcc.lock
 # CPU ops are compiled for a fixed target, not this machine's CPU: DeepSpeed's builder passes -march=native and a
 # SIMD width read from the build CPU (nothing overrides them), so CC is a wrapper that swaps both for
 # -march=x86-64-v3 -D__AVX256__ (setuptools compiles C++ with CXX; torch also hands CC to nvcc as -ccbin). It logs
@@ -163,6 +158,9 @@ ENV DS_ACCELERATOR=cuda \
     NVCC_APPEND_FLAGS="--threads 0"
 RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
     --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/.in-bin/uv \
+    --mount=type=bind,source=ops.lock,target=/.in-ops.lock \
+    --mount=type=bind,source=deepspeed.lock,target=/.in-deepspeed.lock \
+    --mount=type=bind,source=nvcc.lock,target=/.in-nvcc.lock \
     --mount=type=secret,id=pip_cert,target=/.secret-pip_cert,required=false \
     --mount=type=secret,id=pip_index_url,target=/.secret-pip_index_url,required=false \
     --mount=type=secret,id=pip_extra_index_url,target=/.secret-pip_extra_index_url,required=false \
@@ -178,10 +176,10 @@ RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
     mkdir -p /opt/ops/bin /opt/ops/wheel /opt/ops/sdist \
     && printf '%s\n' '#!/bin/sh' 'for a do shift; case "$a" in -march=native) a=-march=x86-64-v3;; -D__AVX512__|-D__AVX256__|-D__SCALAR__) a=-D__AVX256__;; -g) continue;; esac; set -- "$@" "$a"; done' 'echo "$*" >> /opt/ops/cc.log' 'exec g++ "$@"' > /opt/ops/bin/cc \
     && chmod 0755 /opt/ops/bin/cc \
-    && uv pip install --require-hashes --no-deps -r /opt/ops/ops.lock \
-    && pip download -q --no-cache-dir --require-hashes --no-deps --no-build-isolation -d /opt/ops/sdist -r /opt/ops/deepspeed.lock \
+    && uv pip install --require-hashes --no-deps -r /.in-ops.lock \
+    && pip download -q --no-cache-dir --require-hashes --no-deps --no-build-isolation -d /opt/ops/sdist -r /.in-deepspeed.lock \
     && du -sb /opt/venv/lib/python3.11/site-packages/nvidia/cu13 | cut -f1 > /opt/ops/cuda-home-bytes \
-    && uv pip install --require-hashes --no-deps -r /opt/ops/nvcc.lock \
+    && uv pip install --require-hashes --no-deps -r /.in-nvcc.lock \
     && for lib in cudart curand cublas; do ln -sf "$(basename "$(ls /opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib/lib$lib.so.* | head -1)")" /opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib/lib$lib.so; done \
     && /opt/venv/lib/python3.11/site-packages/nvidia/cu13/bin/nvcc --version | tail -2 \
     && mkdir -p /opt/ops/src && tar -xzf /opt/ops/sdist/deepspeed-0.19.8.tar.gz -C /opt/ops/src \
@@ -210,7 +208,6 @@ RUN pip install -q --no-cache-dir --no-deps --no-index /opt/ops/wheel/deepspeed-
 FROM torch AS ops-cpu
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG SOURCE_DATE_EPOCH=315532800
-COPY ops.lock deepspeed.lock /opt/ops/
 ENV DS_ACCELERATOR=cpu \
     CC=/opt/ops/bin/cc \
     CXX=/opt/ops/bin/cc \
@@ -218,6 +215,8 @@ ENV DS_ACCELERATOR=cpu \
     MAX_JOBS=2
 RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
     --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/.in-bin/uv \
+    --mount=type=bind,source=ops.lock,target=/.in-ops.lock \
+    --mount=type=bind,source=deepspeed.lock,target=/.in-deepspeed.lock \
     --mount=type=secret,id=pip_cert,target=/.secret-pip_cert,required=false \
     --mount=type=secret,id=pip_index_url,target=/.secret-pip_index_url,required=false \
     --mount=type=secret,id=pip_extra_index_url,target=/.secret-pip_extra_index_url,required=false \
@@ -233,8 +232,8 @@ RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
     mkdir -p /opt/ops/bin /opt/ops/wheel-cpu /opt/ops/sdist /opt/ops/src-cpu \
     && printf '%s\n' '#!/bin/sh' 'for a do shift; case "$a" in -march=native) a=-march=x86-64-v3;; -D__AVX512__|-D__AVX256__|-D__SCALAR__) a=-D__AVX256__;; -g) continue;; esac; set -- "$@" "$a"; done' 'echo "$*" >> /opt/ops/cc.log' 'exec g++ "$@"' > /opt/ops/bin/cc \
     && chmod 0755 /opt/ops/bin/cc \
-    && uv pip install --require-hashes --no-deps -r /opt/ops/ops.lock \
-    && pip download -q --no-cache-dir --require-hashes --no-deps --no-build-isolation -d /opt/ops/sdist -r /opt/ops/deepspeed.lock \
+    && uv pip install --require-hashes --no-deps -r /.in-ops.lock \
+    && pip download -q --no-cache-dir --require-hashes --no-deps --no-build-isolation -d /opt/ops/sdist -r /.in-deepspeed.lock \
     && tar -xzf /opt/ops/sdist/deepspeed-0.19.8.tar.gz -C /opt/ops/src-cpu \
     && if ! DS_BUILD_FUSED_ADAM=1 DS_BUILD_CPU_ADAM=1 DS_BUILD_SHM_COMM=1 DS_BUILD_OPS=0 \
          pip wheel -v --no-cache-dir --no-deps --no-build-isolation --no-index -w /opt/ops/wheel-cpu \
@@ -252,15 +251,12 @@ RUN pip install -q --no-cache-dir --no-deps --no-index --target /tmp/cpu-site /o
 FROM torch AS python
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG SOURCE_DATE_EPOCH=315532800
-# Everything else, hash-checked, in its own layer; it does not wait for the ops stage, which runs beside it.
-RUN --mount=type=bind,source=requirements.lock,target=/.in-requirements.lock \
-    t0=$(( $(date +%s) - 2 )); \
-    mkdir -p /opt/train-image/locks \
-    && cp -R --no-preserve=ownership /.in-requirements.lock /opt/train-image/locks/requirements.lock \
-    && find / -xdev -newermt "@$t0" \( -type l -o -writable \) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +
+# What the matrix's pins need (requirements-deps.lock: requirements.lock less the pins, staged by the builder),
+# hash-checked, in its own layer; it does not wait for the ops stage, which runs beside it.
 RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
     --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/.in-bin/uv \
     --mount=type=bind,source=compile-new.py,target=/.in-compile-new.py \
+    --mount=type=bind,source=requirements-deps.lock,target=/.in-requirements-deps.lock \
     --mount=type=secret,id=pip_cert,target=/.secret-pip_cert,required=false \
     --mount=type=secret,id=pip_index_url,target=/.secret-pip_index_url,required=false \
     --mount=type=secret,id=pip_extra_index_url,target=/.secret-pip_extra_index_url,required=false \
@@ -275,31 +271,21 @@ RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
     if [ -n "${PIP_EXTRA_INDEX_URL:-}" ]; then export UV_EXTRA_INDEX_URL="$PIP_EXTRA_INDEX_URL"; fi; \
     if [ -n "${PIP_CERT:-}" ]; then export SSL_CERT_FILE="$PIP_CERT"; fi; \
     ls -A /opt/venv/lib/python3.11/site-packages > /tmp/site.before; \
-    uv pip install --require-hashes --no-deps -r /opt/train-image/locks/requirements.lock \
+    uv pip install --require-hashes --no-deps -r /.in-requirements-deps.lock \
     && python -S /.in-compile-new.py /opt/venv/lib/python3.11/site-packages /tmp/site.before \
     && rm /tmp/site.before \
     && find / -xdev -newermt "@$t0" \( -type l -o -writable \) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +
 # DeepSpeed: the wheel the ops stage built from the hash-checked sdist in deepspeed.lock.
-RUN --mount=type=bind,source=deepspeed.lock,target=/.in-deepspeed.lock \
-    t0=$(( $(date +%s) - 2 )); \
-    mkdir -p /opt/train-image/locks \
-    && cp -R --no-preserve=ownership /.in-deepspeed.lock /opt/train-image/locks/deepspeed.lock \
-    && find / -xdev -newermt "@$t0" \( -type l -o -writable \) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +
 # pip, not uv, for this local wheel: uv records the file's mtime in the dist-info (uv_cache.json), which differs
 # in every build (docs/reproducibility.md). The wheel is read from the ops stage in place: only ops.json (what was
 # built) is copied into the image.
-RUN --mount=type=secret,id=pip_cert,target=/.secret-pip_cert,required=false \
-    --mount=type=secret,id=pip_index_url,target=/.secret-pip_index_url,required=false \
-    --mount=type=secret,id=pip_extra_index_url,target=/.secret-pip_extra_index_url,required=false \
+RUN --mount=type=bind,source=deepspeed.lock,target=/.in-deepspeed.lock \
     --mount=type=bind,from=ops,source=/opt/ops/wheel,target=/.in-ops \
     t0=$(( $(date +%s) - 2 )); \
     export PYTHONHASHSEED=0; \
-    if [ -s /.secret-pip_cert ]; then export PIP_CERT=/.secret-pip_cert; fi; \
-    if [ -s /.secret-pip_index_url ]; then PIP_INDEX_URL="$(cat /.secret-pip_index_url)"; export PIP_INDEX_URL; fi; \
-    if [ -s /.secret-pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /.secret-pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \
+    mkdir -p /opt/train-image/locks && cp --no-preserve=ownership /.in-deepspeed.lock /opt/train-image/locks/deepspeed.lock || exit 1; \
     pip install --no-cache-dir --no-deps --no-index /.in-ops/deepspeed-*.whl \
     && mkdir -p /opt/train-image/ops && cp /.in-ops/ops.json /opt/train-image/ops/ops.json \
-    && pip check \
     && find / -xdev -newermt "@$t0" \( -type l -o -writable \) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +
 # DeepSpeed built for the CPU accelerator, beside the CUDA build: a .pth file (site's standard hook) puts it first
 # on sys.path only when DS_ACCELERATOR=cpu, so a GPU-less host finds its ops prebuilt (no compiler, no writable
@@ -317,24 +303,46 @@ RUN --mount=type=bind,source=compile-new.py,target=/.in-compile-new.py \
     && printf '%s\n' 'import os, sys; os.environ.get("DS_ACCELERATOR") == "cpu" and sys.path.insert(0, "/opt/deepspeed-cpu")' \
        > /opt/venv/lib/python3.11/site-packages/train-image-deepspeed-cpu.pth \
     && find / -xdev -newermt "@$t0" \( -type l -o -writable \) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +
+# The matrix's own pins last (requirements-pins.lock: transformers, peft, accelerate, nvidia-ml-py): a change of one
+# of them reinstalls only these, on layers it leaves as they were. The whole requirements.lock goes into the image.
+RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
+    --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/.in-bin/uv \
+    --mount=type=bind,source=compile-new.py,target=/.in-compile-new.py \
+    --mount=type=bind,source=requirements-pins.lock,target=/.in-requirements-pins.lock \
+    --mount=type=bind,source=requirements.lock,target=/.in-requirements.lock \
+    --mount=type=secret,id=pip_cert,target=/.secret-pip_cert,required=false \
+    --mount=type=secret,id=pip_index_url,target=/.secret-pip_index_url,required=false \
+    --mount=type=secret,id=pip_extra_index_url,target=/.secret-pip_extra_index_url,required=false \
+    t0=$(( $(date +%s) - 2 )); \
+    export PYTHONHASHSEED=0; \
+    if [ -s /.secret-pip_cert ]; then export PIP_CERT=/.secret-pip_cert; fi; \
+    if [ -s /.secret-pip_index_url ]; then PIP_INDEX_URL="$(cat /.secret-pip_index_url)"; export PIP_INDEX_URL; fi; \
+    if [ -s /.secret-pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /.secret-pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \
+    export PIP_INDEX_URL="${PIP_INDEX_URL:-https://pypi.org/simple}"; \
+    export PATH="/.in-bin:$PATH" UV_INDEX_URL="$PIP_INDEX_URL" UV_CACHE_DIR=/.uv-cache UV_LINK_MODE=copy \
+      UV_NO_PROGRESS=1 UV_PYTHON_DOWNLOADS=never; \
+    if [ -n "${PIP_EXTRA_INDEX_URL:-}" ]; then export UV_EXTRA_INDEX_URL="$PIP_EXTRA_INDEX_URL"; fi; \
+    if [ -n "${PIP_CERT:-}" ]; then export SSL_CERT_FILE="$PIP_CERT"; fi; \
+    mkdir -p /opt/train-image/locks && cp --no-preserve=ownership /.in-requirements.lock /opt/train-image/locks/requirements.lock || exit 1; \
+    ls -A /opt/venv/lib/python3.11/site-packages > /tmp/site.before; \
+    uv pip install --require-hashes --no-deps -r /.in-requirements-pins.lock \
+    && python -S /.in-compile-new.py /opt/venv/lib/python3.11/site-packages /tmp/site.before \
+    && rm /tmp/site.before \
+    && pip check \
+    && find / -xdev -newermt "@$t0" \( -type l -o -writable \) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +
 
 FROM python AS runtime
 ARG SOURCE_DATE_EPOCH=315532800
 # What the image is (facts.json) and the gate that proves it trains (smoke), runnable on any host:
 #   docker run --rm --gpus all --shm-size=8g IMAGE smoke all
+# One step, so that a pin change (image.json) rewrites one small layer above the python stage.
 RUN --mount=type=bind,source=image.json,target=/.in-image.json \
+    --mount=type=bind,source=smoke/,target=/.in-smoke- \
     t0=$(( $(date +%s) - 2 )); \
-    mkdir -p /opt/train-image \
-    && cp -R --no-preserve=ownership /.in-image.json /opt/train-image/image.json \
-    && find / -xdev -newermt "@$t0" \( -type l -o -writable \) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +
-RUN --mount=type=bind,source=smoke/,target=/.in-smoke- \
-    t0=$(( $(date +%s) - 2 )); \
-    mkdir -p /opt/train-image/smoke \
+    mkdir -p /opt/train-image/smoke /workspace \
+    && cp --no-preserve=ownership /.in-image.json /opt/train-image/image.json \
     && cp -R --no-preserve=ownership /.in-smoke-/. /opt/train-image/smoke/ \
-    && find / -xdev -newermt "@$t0" \( -type l -o -writable \) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +
-RUN t0=$(( $(date +%s) - 2 )); \
-    install -m 0755 /opt/train-image/smoke/bin/smoke /usr/local/bin/smoke \
-    && mkdir -p /workspace \
+    && install -m 0755 /opt/train-image/smoke/bin/smoke /usr/local/bin/smoke \
     && find / -xdev -newermt "@$t0" \( -type l -o -writable \) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +
 ENV TRAIN_IMAGE_FACTS=/opt/train-image/image.json \
     NVIDIA_VISIBLE_DEVICES=all \
