@@ -12,7 +12,7 @@ SMOKE_FLAGS ?=
 GPU_CHECK_FLAGS ?=
 PYTEST_FLAGS ?=
 
-.PHONY: help venv docker validate render lock lint unit test test-docker20 build build-all smoke image publish catalog verify repro \
+.PHONY: help venv docker validate render lock lint unit test test-docker20 test-docker-newest build build-all smoke image publish catalog verify repro \
 	free-disk workflow gpu-check propose propose-pr
 
 help: ## list the targets
@@ -82,10 +82,14 @@ unit: venv ## the unit tests only: no Docker engine, no network, under a minute
 
 test: venv docker ## the whole suite: unit tests, the workflow harness, real Docker builds, registry, gate
 	$(PY) -m pytest tests/unit -n $(UNIT_WORKERS) $(PYTEST_FLAGS)
-	$(PY) -m pytest tests/workflow tests/integration -m "not docker20" --durations=30 $(PYTEST_FLAGS)
+	$(PY) -m pytest tests/workflow tests/integration -m "not docker20 and not docker_newest" --durations=30 $(PYTEST_FLAGS)
 
 test-docker20: venv docker ## Docker 20.10 without buildx (Debian 12's docker.io) on a private engine: build, gate, publish
 	$(PY) -m pytest tests/integration/test_docker20.py -m docker20 $(PYTEST_FLAGS)
+
+test-docker-newest: venv docker ## the newest Docker Debian ships (28) on a private engine: build, gate, publish, a pin change
+	bash ci/setup-docker-newest.sh
+	$(PY) -m pytest tests/integration/test_docker_newest.py -m docker_newest -s $(PYTEST_FLAGS)
 
 workflow: venv ## run the workflow's hosted jobs' steps here, per event (tests/workflow; no image builds)
 	$(PY) -m pytest tests/workflow $(PYTEST_FLAGS)
