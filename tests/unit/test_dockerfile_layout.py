@@ -56,8 +56,9 @@ def test_a_change_of_one_pin_reruns_two_small_steps_and_no_secret_step_on_a_new_
 
 
 def test_no_step_that_mounts_a_secret_sits_on_a_step_that_only_copies_files_in(dockerfile):
-    """BuildKit content-hashes the whole root filesystem below a step with a secret mount, once per new parent layer
-    (~6.5 s for torch's ~5 GB here): a step that only copied a lock in, right below, made every build pay that.
+    """BuildKit before v0.16 (Docker 26's) content-hashes the whole root filesystem below a step with a secret mount,
+    once per new parent layer (6-8.5 s for torch's ~5 GB here; moby/buildkit 3c87ba1): a step that only copied a lock
+    in, right below, made every build pay that.
     The step that reads a lock mounts it (and copies it into the image itself, where the image keeps it)."""
     for name, stage in stages(dockerfile).items():
         before = ""
