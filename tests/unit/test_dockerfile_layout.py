@@ -76,8 +76,7 @@ def test_only_steps_that_reach_an_index_mount_the_index_secrets(dockerfile):
     for name, stage in stages(dockerfile).items():
         for step in steps(stage):
             if "type=secret" in step:
-                assert re.search(r"uv pip install|pip download|pip install [^\n]*-r |pip install -q --no-cache-dir "
-                                 r"--require-hashes", step), f"{name}: {step[:160]}"
+                assert re.search(r"uv pip install|pip download|pip install [^\n]*-r ", step), f"{name}: {step[:160]}"
 
 
 def test_no_install_step_holds_a_cache_lock_that_would_serialise_the_stages(dockerfile):
