@@ -193,6 +193,14 @@ def run_phases(phases, run, mode):
     return results
 
 
+def verdict(results, mode, wanted, seconds):
+    """all.json: each check's name, verdict, summary, diagnosis and figures (its assertions stay in <check>.json)."""
+    checks = [{k: results[c].get(k) for k in ("name", "passed", "seconds", "summary", "diagnosis", "figures")}
+              for c in CHECKS if c in results]
+    return {"passed": all(c["passed"] for c in checks), "mode": mode, "seconds": round(seconds, 2), "checks": checks,
+            "not_run": [c for c in CHECKS if c not in wanted]}
+
+
 def run_all(args, out_dir):
     t0 = time.monotonic()
     mode, _ = launch.detect_mode(args.cpu)
@@ -202,11 +210,8 @@ def run_all(args, out_dir):
         print(f"smoke: unknown check(s) {','.join(unknown)}; choose from {','.join(CHECKS)}", file=sys.stderr)
         return 2
     results = run_phases(schedule(mode, wanted), lambda name: run_check(name, args, out_dir, mode), mode)
-    checks = [{k: results[c].get(k) for k in ("name", "passed", "seconds", "summary", "diagnosis", "figures")}
-              for c in CHECKS if c in results]
-    passed = all(c["passed"] for c in checks)
-    total = {"passed": passed, "mode": mode, "seconds": round(time.monotonic() - t0, 2), "checks": checks,
-             "not_run": [c for c in CHECKS if c not in wanted]}
+    total = verdict(results, mode, wanted, time.monotonic() - t0)
+    passed = total["passed"]
     path = report.write_json(out_dir, "all", total)
     print("{} smoke all [{}]: {} in {:.1f}s -> {}".format(report.OK if passed else report.BAD, mode,
                                                    "passed" if passed else "FAILED", total["seconds"], path))

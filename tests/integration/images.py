@@ -34,13 +34,20 @@ def failed_only_leaving(report: dict) -> str:
     """Why a gate (builder's smoke report) failed when every failed item is a rank that did not leave cleanly after
     its work was done, PyTorch's gloo teardown bugs (docs/training.md): an abort at interpreter exit (exit_abort,
     pytorch/pytorch#190489) or a hang in destroy_process_group() (teardown_deadlock); "" for any other failure.
-    Tests that gate run it once more, then report it as xfail with this reason, never as a pass."""
+    Tests that gate run it once more, then report it as xfail with this reason, never as a pass.
+
+    The verdict (report["checks"], the gate's all.json) lists each check's diagnosis but not its assertions; those
+    are in the check's own result (report["details"][name], the gate's <check>.json)."""
     reasons = set()
     for check in report.get("checks") or []:
-        for item in check.get("items") or []:
-            if item.get("ok") is not False:
-                continue
-            said = " ".join(check.get("diagnosis") or [])
+        if check.get("passed"):
+            continue
+        result = (report.get("details") or {}).get(check.get("name")) or {}
+        failed = [item for item in result.get("items") or [] if item.get("ok") is False]
+        if not failed:  # failed, yet no assertion says why: nothing here to excuse
+            return ""
+        said = " ".join(result.get("diagnosis") or check.get("diagnosis") or [])
+        for item in failed:
             if item["name"].endswith("ranks finished within timeout") and "the work was done" in item["detail"] \
                     and "teardown_deadlock:" in said:
                 reasons.add("a rank hung in destroy_process_group() after its work (teardown_deadlock)")
@@ -49,6 +56,16 @@ def failed_only_leaving(report: dict) -> str:
             else:
                 return ""
     return "; ".join(sorted(reasons))
+
+
+def gate_output(out: Path) -> dict:
+    """A gate's output directory (all.json, <check>.json) read as builder reads it: the verdict, with each check's
+    own result (its assertions) under "details", as in builder's smoke report."""
+    from builder.boundary import gate
+
+    verdict, per_check, broken = gate.read_gate_output(out)
+    assert verdict is not None, broken or f"the gate wrote no {out}/all.json"
+    return dict(verdict, details=per_check)
 
 
 def gate_tolerating_teardown(run_gate, read_report):

@@ -6,12 +6,11 @@ ops are prebuilt in the image, and the train check fails if any were JIT-built).
 
 from __future__ import annotations
 
-import json
 import subprocess
 
 import pytest
 
-from tests.integration.images import CI_TAG, DOCKER, gate_tolerating_teardown
+from tests.integration.images import CI_TAG, DOCKER, gate_output, gate_tolerating_teardown
 
 pytestmark = pytest.mark.docker
 IMAGE = f"ghcr.io/train-images/train:{CI_TAG}"
@@ -56,7 +55,7 @@ def test_the_whole_gate_passes_as_an_arbitrary_uid_and_group_on_a_read_only_root
     proc, verdict = gate_tolerating_teardown(
         lambda: subprocess.run([DOCKER, "run", *hardened_gate, IMAGE, "smoke", "all", "--cpu", "--out", "/smoke-out"],
                                capture_output=True, text=True, timeout=2400),
-        lambda: json.loads((out / "all.json").read_text()))
+        lambda: gate_output(out))
     shown = f"smoke all as 12345:12345, read-only root:\n{proc.stdout[-4000:]}{proc.stderr[-2000:]}"
     assert [c["name"] for c in verdict["checks"]] == ["env", "ops", "compile", "train", "nccl"], shown
     assert proc.returncode == 0 and verdict["passed"], shown
