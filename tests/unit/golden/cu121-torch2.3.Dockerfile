@@ -75,6 +75,34 @@ RUN --mount=type=bind,source=build-tools.lock,target=/.in-build-tools.lock \
     pip install -q --no-cache-dir --require-hashes --no-deps --no-compile --target /opt/uv -r /.in-build-tools.lock \
     && /opt/uv/bin/uv --version
 
+# The matrix's own pins (requirements-pins.lock: transformers, peft, accelerate, nvidia-ml-py, as locked), installed
+# for the image's interpreter under a prefix laid out as its venv, which the python stage copies in last. They are
+# fetched here, on the small OS layer, not on torch's: a step that mounts the index secrets makes BuildKit before
+# 0.16 (Docker 26) hash its whole parent file system first (see `secrets`), and a pin change would pay it on ~5 GB.
+FROM os AS pins
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
+    --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/.in-bin/uv \
+    --mount=type=bind,source=requirements-pins.lock,target=/.in-requirements-pins.lock \
+    --mount=type=secret,id=pip_cert,target=/.secret-pip_cert,required=false \
+    --mount=type=secret,id=pip_index_url,target=/.secret-pip_index_url,required=false \
+    --mount=type=secret,id=pip_extra_index_url,target=/.secret-pip_extra_index_url,required=false \
+    export PYTHONHASHSEED=0; \
+    if [ -s /.secret-pip_cert ]; then export PIP_CERT=/.secret-pip_cert; fi; \
+    if [ -s /.secret-pip_index_url ]; then PIP_INDEX_URL="$(cat /.secret-pip_index_url)"; export PIP_INDEX_URL; fi; \
+    if [ -s /.secret-pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /.secret-pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \
+    export PIP_INDEX_URL="${PIP_INDEX_URL:-https://pypi.org/simple}"; \
+    export PATH="/.in-bin:$PATH" UV_INDEX_URL="$PIP_INDEX_URL" UV_CACHE_DIR=/.uv-cache UV_LINK_MODE=copy \
+      UV_NO_PROGRESS=1 UV_PYTHON_DOWNLOADS=never; \
+    if [ -n "${PIP_EXTRA_INDEX_URL:-}" ]; then export UV_EXTRA_INDEX_URL="$PIP_EXTRA_INDEX_URL"; fi; \
+    if [ -n "${PIP_CERT:-}" ]; then export SSL_CERT_FILE="$PIP_CERT"; fi; \
+    mkdir -p /opt/pins \
+    && uv pip install --require-hashes --no-deps --python /opt/venv/bin/python --prefix /opt/pins -r /.in-requirements-pins.lock \
+    && rm -f /opt/pins/.lock \
+    && for meta in $(find /opt/pins -type d -name '*.dist-info' -prune -printf '%h\n' | sort -u); do \
+         if [ "$meta" != "/opt/pins/lib/python3.10/site-packages" ]; then \
+           echo "error: uv laid the pins out under $meta, not as the venv (/opt/venv/lib/python3.10/site-packages)" >&2; exit 1; fi; done
+
 FROM os AS torch
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG SOURCE_DATE_EPOCH=315532800
@@ -253,29 +281,17 @@ RUN --mount=type=bind,from=nvcc,source=/usr/local/cuda,target=/.in-cuda \
     cp -a /.in-cuda/. /usr/local/cuda/ \
     && find / -xdev -newermt "@$t0" \( -type l -o -writable \) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +
 ENV CUDA_HOME=/usr/local/cuda
-# The matrix's own pins last (requirements-pins.lock: transformers, peft, accelerate, nvidia-ml-py): a change of one
-# of them reinstalls only these, on layers it leaves as they were. The whole requirements.lock goes into the image.
-RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
-    --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/.in-bin/uv \
-    --mount=type=bind,source=compile-new.py,target=/.in-compile-new.py \
-    --mount=type=bind,source=requirements-pins.lock,target=/.in-requirements-pins.lock \
+# The matrix's own pins last (the pins stage installed them): a change of one of them reruns that stage and this
+# step, on layers it leaves as they were. It reaches no index, so it mounts no secret (see `secrets`). The files go
+# in as the pins stage's install wrote them (its prefix is this venv's layout); their bytecode is compiled here.
+# The whole requirements.lock goes into the image.
+RUN --mount=type=bind,source=compile-new.py,target=/.in-compile-new.py \
     --mount=type=bind,source=requirements.lock,target=/.in-requirements.lock \
-    --mount=type=secret,id=pip_cert,target=/.secret-pip_cert,required=false \
-    --mount=type=secret,id=pip_index_url,target=/.secret-pip_index_url,required=false \
-    --mount=type=secret,id=pip_extra_index_url,target=/.secret-pip_extra_index_url,required=false \
+    --mount=type=bind,from=pins,source=/opt/pins,target=/.in-pins \
     t0=$(( $(date +%s) - 2 )); \
-    export PYTHONHASHSEED=0; \
-    if [ -s /.secret-pip_cert ]; then export PIP_CERT=/.secret-pip_cert; fi; \
-    if [ -s /.secret-pip_index_url ]; then PIP_INDEX_URL="$(cat /.secret-pip_index_url)"; export PIP_INDEX_URL; fi; \
-    if [ -s /.secret-pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /.secret-pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \
-    export PIP_INDEX_URL="${PIP_INDEX_URL:-https://pypi.org/simple}"; \
-    export PATH="/.in-bin:$PATH" UV_INDEX_URL="$PIP_INDEX_URL" UV_CACHE_DIR=/.uv-cache UV_LINK_MODE=copy \
-      UV_NO_PROGRESS=1 UV_PYTHON_DOWNLOADS=never; \
-    if [ -n "${PIP_EXTRA_INDEX_URL:-}" ]; then export UV_EXTRA_INDEX_URL="$PIP_EXTRA_INDEX_URL"; fi; \
-    if [ -n "${PIP_CERT:-}" ]; then export SSL_CERT_FILE="$PIP_CERT"; fi; \
     mkdir -p /opt/train-image/locks && cp --no-preserve=ownership /.in-requirements.lock /opt/train-image/locks/requirements.lock || exit 1; \
     ls -A /opt/venv/lib/python3.10/site-packages > /tmp/site.before; \
-    uv pip install --require-hashes --no-deps -r /.in-requirements-pins.lock \
+    cp -R --no-preserve=ownership /.in-pins/. /opt/venv/ \
     && python -S /.in-compile-new.py /opt/venv/lib/python3.10/site-packages /tmp/site.before \
     && rm /tmp/site.before \
     && pip check \
