@@ -9,7 +9,7 @@ set -euo pipefail
 log() { printf '▶ %s\n' "$*" >&2; }
 newest="${NEWEST_DOCKER:-/opt/docker-newest}"
 version=$("$newest/usr/sbin/dockerd" --version 2>/dev/null | sed -n 's/^Docker version \([^,+]*\).*/\1/p' || true)
-if [[ "$version" =~ ^(27\.([3-9]|[1-9][0-9])|2[89]|[3-9][0-9])\. ]]; then
+if [ -n "$version" ] && dpkg --compare-versions "$version" ge 27.3; then
   log "Docker $version under $newest"
   exit 0
 fi

@@ -13,6 +13,7 @@ directory removed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -285,6 +286,18 @@ class Engine:
 
 
 # --- the builder, run against the private engine ---------------------------------------------------
+
+@contextlib.contextmanager
+def running_with_base(engine: Engine, directory: Path):
+    """The engine started with the CI entry's base loaded (its archive written under directory); stopped, and its
+    data removed, after."""
+    try:
+        engine.start()
+        engine.load(base_archive(directory))
+        yield engine
+    finally:
+        engine.cleanup()
+
 
 def project(directory: Path, dockerfile: str) -> Path:
     """A checkout-like directory for `builder build CI_TAG`: the real matrix, the entry's real facts file, and

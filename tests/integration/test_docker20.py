@@ -21,7 +21,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.integration.images import CI_TAG, gate_tolerating_teardown
 from tests.integration.registry_fixture import Registry
-from tests.integration.second_engine import Engine, base_archive, skip_unless_possible
+from tests.integration.second_engine import Engine, running_with_base, skip_unless_possible
 
 pytestmark = pytest.mark.docker20
 
@@ -37,13 +37,8 @@ def engine20(tmp_path_factory):
     version = subprocess.run(["dockerd", "--version"], capture_output=True, text=True).stdout
     if not re.match(r"Docker version 20\.10\.", version):
         pytest.skip(f"the dockerd on PATH is not Debian 12's 20.10 ({version.strip() or 'none'})")
-    engine = Engine()
-    try:
-        engine.start()
-        engine.load(base_archive(tmp_path_factory.mktemp("base")))
+    with running_with_base(Engine(), tmp_path_factory.mktemp("base")) as engine:
         yield engine
-    finally:
-        engine.cleanup()
 
 
 def _run(argv: list[str], env: dict, timeout: int) -> subprocess.CompletedProcess:

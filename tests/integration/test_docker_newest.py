@@ -22,7 +22,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.integration.images import CI_TAG, gate_tolerating_teardown
 from tests.integration.registry_fixture import Registry
-from tests.integration.second_engine import Engine, base_archive, skip_unless_possible
+from tests.integration.second_engine import Engine, running_with_base, skip_unless_possible
 
 pytestmark = pytest.mark.docker_newest
 
@@ -35,13 +35,8 @@ def newest(tmp_path_factory):
     skip_unless_possible()
     if not (NEWEST / "usr/sbin/dockerd").exists():
         pytest.fail(f"no engine under {NEWEST}: `make test-docker-newest` unpacks it (ci/setup-docker-newest.sh)")
-    engine = Engine(modern=NEWEST)
-    try:
-        engine.start()
-        engine.load(base_archive(tmp_path_factory.mktemp("base")))
+    with running_with_base(Engine(modern=NEWEST), tmp_path_factory.mktemp("base")) as engine:
         yield engine
-    finally:
-        engine.cleanup()
 
 
 def _builder(args: list[str], env: dict, cwd: Path, timeout: int) -> subprocess.CompletedProcess:
