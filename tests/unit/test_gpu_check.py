@@ -7,6 +7,7 @@ about 7 minutes on the 2-core CI machine, too long for CI); these pin what the G
 import importlib.machinery
 import importlib.util
 import json
+import re
 
 import pytest
 
@@ -151,6 +152,19 @@ def test_build_env_is_the_ops_stages_for_this_gpu():
     assert env["NVCC_APPEND_FLAGS"] == "--threads 0" and env["CC"] == env["CXX"] == "/w/bin/cc"
     assert env["PATH"].split(":")[:2] == ["/w/site/bin", "/usr/local/cuda/bin"]
     assert env["PYTHONPATH"].split(":")[0] == "/w/site"
+
+
+def test_build_env_sets_what_the_rendered_ops_stage_sets():
+    """The settings that shape the build (not this GPU's arch, paths or core count) are the ops stage's own."""
+    dockerfile = (ROOT / "dockerfiles" / TAG / "Dockerfile").read_text()
+    stage = dockerfile[dockerfile.index(" AS ops\n"):]
+    block = stage[stage.index("\nENV ") + 5:]
+    block = block[:block.index("\n", block.index("NVCC_APPEND_FLAGS"))]
+    stage_env = dict(re.findall(r'(\w+)=("[^"]*"|\S+)', block))
+    env = gc.build_env({"PATH": "/usr/bin"}, "9.0", "/usr/local/cuda", "/w/bin/cc", 16, "/w/site")
+    for name in ("DS_ACCELERATOR", "LDFLAGS", "DS_ENABLE_NINJA", "NVCC_APPEND_FLAGS"):
+        assert env[name] == stage_env[name].strip('"'), name
+    assert set(stage_env) - set(env) == set()
 
 
 def test_out_defaults_to_the_device_machines_OUT(monkeypatch):

@@ -176,6 +176,9 @@ COPY --from=nvcc /usr/local/cuda /usr/local/cuda
 # directory, not pip's random temporary one: paths that reach the objects (__FILE__) are the same every build.
 # NVCC_APPEND_FLAGS: nvcc compiles the GPU archs of a .cu file in parallel (FusedAdam's builder does not ask for
 # it); the objects are the same, only the wall time differs.
+# DS_ENABLE_NINJA: DeepSpeed's setup.py turns torch's ninja backend off for prebuilt ops unless this is set, and
+# setuptools then compiles one source at a time: each stage was one core's work. With ninja the sources of an op
+# compile side by side (MAX_JOBS), through the same CXX wrapper, from absolute paths under the same fixed directory.
 # The headers nvcc reads get SOURCE_DATE_EPOCH as their time first: DeepSpeed compiles with -lineinfo, and each
 # GPU arch's line table records the mtime of every header with device code (torch's Half.h, CUDA's cuda_fp16.hpp…).
 # uv installs files with the install time, so without this a rebuilt torch stage gives another .so (measured
@@ -187,6 +190,7 @@ ENV DS_ACCELERATOR=cuda \
     CXX=/opt/ops/bin/cc \
     LDFLAGS=-s \
     MAX_JOBS=2 \
+    DS_ENABLE_NINJA=1 \
     NVCC_APPEND_FLAGS="--threads 0"
 RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
     --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/.in-bin/uv \

@@ -172,6 +172,9 @@ ARG SOURCE_DATE_EPOCH=315532800
 # directory, not pip's random temporary one: paths that reach the objects (__FILE__) are the same every build.
 # NVCC_APPEND_FLAGS: nvcc compiles the GPU archs of a .cu file in parallel (FusedAdam's builder does not ask for
 # it); the objects are the same, only the wall time differs.
+# DS_ENABLE_NINJA: DeepSpeed's setup.py turns torch's ninja backend off for prebuilt ops unless this is set, and
+# setuptools then compiles one source at a time: each stage was one core's work. With ninja the sources of an op
+# compile side by side (MAX_JOBS), through the same CXX wrapper, from absolute paths under the same fixed directory.
 # The headers nvcc reads get SOURCE_DATE_EPOCH as their time first: DeepSpeed compiles with -lineinfo, and each
 # GPU arch's line table records the mtime of every header with device code (torch's Half.h, CUDA's cuda_fp16.hpp…).
 # uv installs files with the install time, so without this a rebuilt torch stage gives another .so (measured
@@ -183,6 +186,7 @@ ENV DS_ACCELERATOR=cuda \
     CXX=/opt/ops/bin/cc \
     LDFLAGS=-s \
     MAX_JOBS=2 \
+    DS_ENABLE_NINJA=1 \
     NVCC_APPEND_FLAGS="--threads 0"
 RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
     --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/.in-bin/uv \
@@ -231,8 +235,8 @@ RUN pip install -q --no-cache-dir --no-deps --no-index /opt/ops/wheel/deepspeed-
 # DeepSpeed's CPU accelerator (DS_ACCELERATOR=cpu) loads a prebuilt op only from a wheel built for it, and its op
 # modules carry the CUDA ops' names: a second wheel from the same hash-checked sdist (fused_adam, cpu_adam, deepspeed_shm_comm),
 # built with the image's own g++ (the one DeepSpeed's JIT would use) through the same wrapper, and checked the same
-# way. A stage of its own: DeepSpeed compiles prebuilt ops one source at a time, so BuildKit runs it beside the CUDA
-# ops stage, each on a core.
+# way. A stage of its own, so that BuildKit runs it beside the CUDA ops stage; with ninja (DS_ENABLE_NINJA, as
+# there) whichever stage runs alone uses both cores.
 FROM torch AS ops-cpu
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG SOURCE_DATE_EPOCH=315532800
@@ -240,7 +244,8 @@ ENV DS_ACCELERATOR=cpu \
     CC=/opt/ops/bin/cc \
     CXX=/opt/ops/bin/cc \
     LDFLAGS=-s \
-    MAX_JOBS=2
+    MAX_JOBS=2 \
+    DS_ENABLE_NINJA=1
 RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
     --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/.in-bin/uv \
     --mount=type=bind,source=ops.lock,target=/.in-ops.lock \
