@@ -158,9 +158,11 @@ def test_build_env_sets_what_the_rendered_ops_stage_sets():
     """The settings that shape the build (not this GPU's arch, paths or core count) are the ops stage's own."""
     dockerfile = (ROOT / "dockerfiles" / TAG / "Dockerfile").read_text()
     stage = dockerfile[dockerfile.index(" AS ops\n"):]
-    block = stage[stage.index("\nENV ") + 5:]
-    block = block[:block.index("\n", block.index("NVCC_APPEND_FLAGS"))]
-    stage_env = dict(re.findall(r'(\w+)=("[^"]*"|\S+)', block))
+    lines = iter(stage[stage.index("\nENV ") + 5:].splitlines())
+    block = [next(lines)]
+    while block[-1].endswith("\\"):  # the whole ENV instruction: every continued line, whatever comes last
+        block.append(next(lines))
+    stage_env = dict(re.findall(r'(\w+)=("[^"]*"|\S+)', "\n".join(block)))
     env = gc.build_env({"PATH": "/usr/bin"}, "9.0", "/usr/local/cuda", "/w/bin/cc", 16, "/w/site")
     for name in ("DS_ACCELERATOR", "LDFLAGS", "DS_ENABLE_NINJA", "NVCC_APPEND_FLAGS"):
         assert env[name] == stage_env[name].strip('"'), name
