@@ -85,6 +85,29 @@ def test_no_step_that_mounts_a_secret_sits_on_a_step_that_only_copies_files_in(d
                 before = step
 
 
+def test_the_ops_stages_mount_no_secret_and_install_what_a_stage_on_the_os_layer_fetched(dockerfile):
+    """Each step above torch that mounted the index secrets waited for BuildKit (before v0.16) to hash torch's ~5 GB,
+    the stages one after the other: on Docker 26.1 the CPU ops stage began 17 s after torch's last step (2026-12-06).
+    ops-fetch downloads, on the OS layer, everything the ops stages install besides torch, hash-checked."""
+    parts = stages(dockerfile)
+    assert re.search(r"^FROM os AS ops-fetch$", dockerfile, flags=re.M)
+    fetch = [s for s in steps(parts["ops-fetch"]) if s.startswith("RUN ")]
+    assert len(fetch) == 1 and "type=secret" in fetch[0]
+    assert re.search(r"pip download [^\n]*--require-hashes --no-deps", fetch[0])
+    for lock in ("ops.lock", "deepspeed.lock"):
+        assert f"-r /.in-{lock}" in fetch[0]
+    assert ("-r /.in-nvcc.lock" in fetch[0]) == ("source=nvcc.lock," in parts["ops"])
+    for name in ("ops", "ops-cpu"):
+        if name not in parts:
+            continue
+        text = "\n".join(steps(parts[name]))
+        assert "type=secret" not in text and "pip download" not in text and "PIP_INDEX_URL" not in text, name
+        installs = re.findall(r"uv pip install [^\n]*", text)
+        assert installs and all("--offline --no-index --find-links /.in-ops-fetch --require-hashes" in i
+                                for i in installs), name
+        assert "from=ops-fetch,source=/opt/ops-fetch," in text and "tar -xzf /.in-ops-fetch/deepspeed-" in text
+
+
 def test_only_steps_that_reach_an_index_mount_the_index_secrets(dockerfile):
     for name, stage in stages(dockerfile).items():
         for step in steps(stage):

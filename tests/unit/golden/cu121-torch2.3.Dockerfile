@@ -103,6 +103,26 @@ RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
          if [ "$meta" != "/opt/pins/lib/python3.10/site-packages" ]; then \
            echo "error: uv laid the pins out under $meta, not as the venv (/opt/venv/lib/python3.10/site-packages)" >&2; exit 1; fi; done
 
+# What the ops stages install besides torch (ops.lock: what DeepSpeed's build imports; deepspeed.lock: its sdist), downloaded and hash-checked here, on the small OS layer, so that no step of theirs mounts the
+# index secrets: on torch's ~5 GB each such step made BuildKit before 0.16 hash the whole layer first, one stage after
+# the other (see `secrets`; measured 2026-12-06 on Docker 26.1: the CPU ops stage began 17 s after torch's last step).
+# pip reads the sdist's metadata (its setup.py) with the setuptools of build-tools.lock, as the build would: the
+# venv of this layer has none from Python 3.12 on.
+FROM os AS ops-fetch
+RUN --mount=type=bind,from=uv,source=/opt/uv,target=/.in-build-tools \
+    --mount=type=bind,source=ops.lock,target=/.in-ops.lock \
+    --mount=type=bind,source=deepspeed.lock,target=/.in-deepspeed.lock \
+    --mount=type=secret,id=pip_cert,target=/.secret-pip_cert,required=false \
+    --mount=type=secret,id=pip_index_url,target=/.secret-pip_index_url,required=false \
+    --mount=type=secret,id=pip_extra_index_url,target=/.secret-pip_extra_index_url,required=false \
+    export PYTHONHASHSEED=0; \
+    if [ -s /.secret-pip_cert ]; then export PIP_CERT=/.secret-pip_cert; fi; \
+    if [ -s /.secret-pip_index_url ]; then PIP_INDEX_URL="$(cat /.secret-pip_index_url)"; export PIP_INDEX_URL; fi; \
+    if [ -s /.secret-pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /.secret-pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \
+    export PIP_INDEX_URL="${PIP_INDEX_URL:-https://pypi.org/simple}"; \
+    PYTHONPATH=/.in-build-tools pip download -q --no-cache-dir --require-hashes --no-deps --no-build-isolation \
+      -d /opt/ops-fetch -r /.in-ops.lock -r /.in-deepspeed.lock
+
 FROM os AS torch
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG SOURCE_DATE_EPOCH=315532800
@@ -194,27 +214,16 @@ ENV DS_ACCELERATOR=cuda \
     NVCC_APPEND_FLAGS="--threads 0"
 RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
     --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/.in-bin/uv \
+    --mount=type=bind,from=ops-fetch,source=/opt/ops-fetch,target=/.in-ops-fetch \
     --mount=type=bind,source=ops.lock,target=/.in-ops.lock \
-    --mount=type=bind,source=deepspeed.lock,target=/.in-deepspeed.lock \
-    --mount=type=secret,id=pip_cert,target=/.secret-pip_cert,required=false \
-    --mount=type=secret,id=pip_index_url,target=/.secret-pip_index_url,required=false \
-    --mount=type=secret,id=pip_extra_index_url,target=/.secret-pip_extra_index_url,required=false \
-    export PYTHONHASHSEED=0; \
-    if [ -s /.secret-pip_cert ]; then export PIP_CERT=/.secret-pip_cert; fi; \
-    if [ -s /.secret-pip_index_url ]; then PIP_INDEX_URL="$(cat /.secret-pip_index_url)"; export PIP_INDEX_URL; fi; \
-    if [ -s /.secret-pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /.secret-pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \
-    export PIP_INDEX_URL="${PIP_INDEX_URL:-https://pypi.org/simple}"; \
-    export PATH="/.in-bin:$PATH" UV_INDEX_URL="$PIP_INDEX_URL" UV_CACHE_DIR=/.uv-cache UV_LINK_MODE=copy \
-      UV_NO_PROGRESS=1 UV_PYTHON_DOWNLOADS=never; \
-    if [ -n "${PIP_EXTRA_INDEX_URL:-}" ]; then export UV_EXTRA_INDEX_URL="$PIP_EXTRA_INDEX_URL"; fi; \
-    if [ -n "${PIP_CERT:-}" ]; then export SSL_CERT_FILE="$PIP_CERT"; fi; \
-    mkdir -p /opt/ops/bin /opt/ops/wheel /opt/ops/sdist \
+    export PYTHONHASHSEED=0 PATH="/.in-bin:$PATH" UV_CACHE_DIR=/.uv-cache UV_LINK_MODE=copy UV_NO_PROGRESS=1 \
+      UV_PYTHON_DOWNLOADS=never; \
+    mkdir -p /opt/ops/bin /opt/ops/wheel \
     && printf '%s\n' '#!/bin/sh' 'for a do shift; case "$a" in -march=native) a=-march=x86-64-v3;; -D__AVX512__|-D__AVX256__|-D__SCALAR__) a=-D__AVX256__;; -g) continue;; esac; set -- "$@" "$a"; done' 'echo "$*" >> /opt/ops/cc.log' 'exec g++ "$@"' > /opt/ops/bin/cc \
     && chmod 0755 /opt/ops/bin/cc \
-    && uv pip install --require-hashes --no-deps -r /.in-ops.lock \
-    && pip download -q --no-cache-dir --require-hashes --no-deps --no-build-isolation -d /opt/ops/sdist -r /.in-deepspeed.lock \
+    && uv pip install --offline --no-index --find-links /.in-ops-fetch --require-hashes --no-deps -r /.in-ops.lock \
     && /usr/local/cuda/bin/nvcc --version | tail -2 \
-    && mkdir -p /opt/ops/src && tar -xzf /opt/ops/sdist/deepspeed-0.15.1.tar.gz -C /opt/ops/src \
+    && mkdir -p /opt/ops/src && tar -xzf /.in-ops-fetch/deepspeed-0.15.1.tar.gz -C /opt/ops/src \
     && for d in /opt/venv/lib/python3.10/site-packages/torch/include /opt/venv/lib/python3.10/site-packages/nvidia; do [ ! -d "$d" ] || find "$d" -path '*/include/*' ! -type d \
          -newermt "@$SOURCE_DATE_EPOCH" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} + || exit 1; done \
     && if ! DS_BUILD_FUSED_ADAM=1 DS_BUILD_CPU_ADAM=1 DS_BUILD_OPS=0 pip wheel -v --no-cache-dir --no-deps \
