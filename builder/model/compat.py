@@ -291,6 +291,16 @@ def cpu_accelerator(entry: Entry) -> dict | None:
     return cpu
 
 
+def shared_ops(ops: list[dict], cpu: dict | None, host_cxx: str) -> list[dict]:
+    """The CPU ops both DeepSpeed wheels build alike (the same builder for the CUDA and the CPU accelerator, and the
+    same compiler: the CPU wheel's is the image's g++), which the Dockerfile compiles once for both ops stages.
+    ninja, not this list, decides what is reused: an object whose command differs is compiled again."""
+    if not cpu or host_cxx != "g++":
+        return []
+    return [o for o in ops if not o["cuda"]
+            and any(c["name"] == o["name"] and c["builder"] == o["builder"] for c in cpu["ops"])]
+
+
 def toolchain(entry: Entry) -> dict:
     """What the Dockerfile's ops stage needs: ops, arch list, nvcc source, CPU target, container env."""
     import json
@@ -315,6 +325,7 @@ def toolchain(entry: Entry) -> dict:
     ops = t["ops"]
     on_nvidia_base = entry.base_name.startswith("nvidia/cuda:")
     cpu = cpu_accelerator(entry)
+    host_cxx = nvcc.get("host_cxx", "g++")
     return {
         "ops": ops,
         "ops_json": json.dumps([{"name": o["name"], "module": o["module"], "cuda": o["cuda"]} for o in ops],
@@ -327,7 +338,8 @@ def toolchain(entry: Entry) -> dict:
         "gpus": list(claimed_gpus(entry)),
         "nvcc": nvcc,
         "cuda_home": cuda_home,
-        "host_cxx": nvcc.get("host_cxx", "g++"),
+        "host_cxx": host_cxx,
+        "shared_ops": shared_ops(ops, cpu, host_cxx),
         "cpu_target": t["cpu_target"],
         "nvcc_bytes_cmd": size,
         "nvcc_in_image": nvcc_in_image(entry),

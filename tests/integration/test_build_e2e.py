@@ -49,6 +49,33 @@ def test_image_is_built_and_verified(ci_build):
     assert report["docker"]["image_store"] == ("containerd" if containerd else "classic")
 
 
+def step_output(log: str, title: str) -> list[str]:
+    """The lines a BuildKit step printed (plain progress), found by the start of its title."""
+    ids = {m.group(1) for m in re.finditer(rf"^\s*#(\d+) {re.escape(title)}", log, flags=re.M)}
+    return [m.group(2) for m in re.finditer(r"^\s*#(\d+) [\d.]+ (.*)$", log, flags=re.M) if m.group(1) in ids]
+
+
+def test_the_cpu_ops_both_wheels_build_alike_were_compiled_once_and_reused_by_ninja(ci_build):
+    """ops-common compiles CPUAdam once; the CUDA and the CPU-accelerator builds each link it from the objects ninja
+    found up to date (their logged commands are the ones it would run), and say so in the build log."""
+    need_full_build(ci_build)
+    from builder.model import compat, matrix
+
+    entry = matrix.load(ROOT / "matrix.yaml").by_tag()[CI_TAG]
+    shared = [f"deepspeed.ops.adam.{op['name']}_op" for op in compat.toolchain(entry)["shared_ops"]]
+    assert shared == ["deepspeed.ops.adam.cpu_adam_op"]
+    common = step_output(ci_build["log"], "[ops-common 1/1] RUN ")
+    assert f"building '{shared[0]}' extension" in common and "ninja: no work to do." not in common, common
+    for stage in ("ops 1/3", "ops-cpu 1/3"):
+        out = step_output(ci_build["log"], f"[{stage}] RUN ")
+        built = [line for line in out if line.startswith("building '") or line.startswith("ninja: no work")]
+        at = built.index(f"building '{shared[0]}' extension")
+        assert built[at + 1:at + 2] == ["ninja: no work to do."], (stage, built)
+        # and the stage's own ops were compiled here, not found done
+        others = [i for i, line in enumerate(built) if line.startswith("building '") and i != at]
+        assert others and all(built[i + 1:i + 2] != ["ninja: no work to do."] for i in others), (stage, built)
+
+
 def test_torch_and_its_cuda_libraries_are_two_layers_of_comparable_size(ci_build):
     """The ~5 GB of torch in two layers: the export hashes them in parallel and a pull fetches them in parallel,
     so neither may hold most of the bytes."""

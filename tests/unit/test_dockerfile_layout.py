@@ -11,7 +11,7 @@ import re
 import pytest
 
 from builder.boundary import buildkit
-from builder.model import context, lockfile, matrix
+from builder.model import compat, context, lockfile, matrix
 from builder.model.inputs import Inputs
 from builder.steps import render
 from tests.conftest import ROOT
@@ -97,15 +97,16 @@ def test_the_ops_stages_mount_no_secret_and_install_what_a_stage_on_the_os_layer
     for lock in ("ops.lock", "deepspeed.lock"):
         assert f"-r /.in-{lock}" in fetch[0]
     assert ("-r /.in-nvcc.lock" in fetch[0]) == ("source=nvcc.lock," in parts["ops"])
-    for name in ("ops", "ops-cpu"):
-        if name not in parts:
-            continue
+    built = [name for name in ("ops-common", "ops", "ops-cpu") if name in parts]
+    for name in built:
         text = "\n".join(steps(parts[name]))
         assert "type=secret" not in text and "pip download" not in text and "PIP_INDEX_URL" not in text, name
         installs = re.findall(r"uv pip install [^\n]*", text)
-        assert installs and all("--offline --no-index --find-links /.in-ops-fetch --require-hashes" in i
-                                for i in installs), name
-        assert "from=ops-fetch,source=/opt/ops-fetch," in text and "tar -xzf /.in-ops-fetch/deepspeed-" in text
+        assert all("--offline --no-index --find-links /.in-ops-fetch --require-hashes" in i for i in installs), name
+    # Each DeepSpeed build starts from the sdist ops-fetch checked: extracted in its stage or in the one it is FROM.
+    roots = [name for name in built if re.search(rf"^FROM torch AS {name}$", dockerfile, flags=re.M)]
+    assert roots and all("-r /.in-ops.lock" in parts[name] and "tar -xzf /.in-ops-fetch/deepspeed-" in parts[name]
+                         and "from=ops-fetch,source=/opt/ops-fetch," in parts[name] for name in roots)
 
 
 def test_only_steps_that_reach_an_index_mount_the_index_secrets(dockerfile):
@@ -232,11 +233,16 @@ def test_the_cpu_accelerator_ops_build_beside_the_cuda_ops_and_only_their_wheel_
     """DeepSpeed compiles prebuilt ops one source at a time (one core each): the CPU-accelerator wheel has a stage of
     its own from torch, so BuildKit runs it beside the CUDA ops stage, not after it (a cold build was ~6 min longer)."""
     entry = matrix.load(ROOT / "matrix.yaml").by_tag()["cu130-torch2.13-bookworm"]
-    parts = stages(render.render_entry(entry)["Dockerfile"])
-    cpu = parts["ops-cpu"]
-    assert "--from=ops " not in cpu and "nvcc" not in cpu  # waits for no CUDA build
+    dockerfile = render.render_entry(entry)["Dockerfile"]
+    parts = stages(dockerfile)
+    # ops-cpu starts from torch, or from ops-common (the CPU ops both wheels build alike), never from ops
+    base = re.search(r"^FROM (\S+) AS ops-cpu$", dockerfile, flags=re.M).group(1)
+    assert base in ("torch", "ops-common") and re.search(rf"^FROM torch AS {base}$|^FROM os AS torch$", dockerfile,
+                                                         flags=re.M)
+    cpu = parts["ops-cpu"] + (parts["ops-common"] if base == "ops-common" else "")
+    assert "--from=ops " not in cpu and "from=ops," not in cpu and "nvcc" not in cpu  # waits for no CUDA build
     assert "DS_ACCELERATOR=cpu" in cpu and "DS_BUILD_SHM_COMM=1" in cpu and "'exec g++ \"$@\"'" in cpu
-    assert "--require-hashes" in cpu and "ops.py verify --accelerator cpu" in cpu
+    assert "--require-hashes" in cpu and "ops.py verify --accelerator cpu" in parts["ops-cpu"]
     assert "ENV DS_ACCELERATOR=cuda" in parts["ops"] and "DS_BUILD_SHM_COMM" not in parts["ops"]
     assert "wheel-cpu" not in parts["ops"]
     assert "--mount=type=bind,from=ops-cpu,source=/opt/ops/wheel-cpu,target=/.in-ops-cpu" in parts["python"]
@@ -244,6 +250,46 @@ def test_the_cpu_accelerator_ops_build_beside_the_cuda_ops_and_only_their_wheel_
     # pip --target compiles in a random temporary directory, whose path would land in every .pyc: compiled after
     assert "--no-compile --target /opt/deepspeed-cpu" in parts["python"]
     assert "python -S /.in-compile-new.py /opt/deepspeed-cpu /tmp/site.before" in parts["python"]
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.tag)
+def test_the_cpu_ops_both_wheels_build_alike_compile_once_and_ninja_decides_what_is_reused(entry):
+    """CPUAdam's two sources were compiled in both ops stages (~70 of their ~420 core-seconds on 2 cores). Where both
+    wheels build it alike (same builder, same compiler), ops-common compiles it with DeepSpeed's own build, in the
+    tree both stages build in, and keeps only the objects: each stage's build then runs through ninja, which reuses
+    an object only if its logged command is the one it would run. No extension is left for setuptools to skip."""
+    tc = compat.toolchain(entry)
+    dockerfile = render.render_entry(entry)["Dockerfile"]
+    parts = stages(dockerfile)
+    if not tc["shared_ops"]:
+        assert "ops-common" not in parts and "FROM ops-common" not in dockerfile
+        return
+    common = parts["ops-common"]
+    assert re.search(r"^FROM torch AS ops-common$", dockerfile, flags=re.M)
+    for name in ("ops", "ops-cpu"):
+        assert re.search(rf"^FROM ops-common AS {name}$", dockerfile, flags=re.M)
+        assert "DS_ENABLE_NINJA=1" in parts[name] and "CC=/opt/ops/bin/cc" in parts[name]
+        assert "> /opt/ops/bin/cc" not in parts[name]  # no wrapper of its own: the same compiler
+    tree = f"/opt/ops/src/deepspeed-{entry.pins['deepspeed']}"
+    assert all(f"-w /opt/ops/wheel{suffix} {tree} >" in re.sub(r"\\\n\s*", "", parts[name])
+               for name, suffix in (("ops", ""), ("ops-cpu", "-cpu")))
+    build_vars = re.search(r"if ! ((?:DS_BUILD_\w+=1 )+)DS_BUILD_OPS=0 pip wheel", common).group(1).split()
+    assert build_vars == [f"{op['build_var']}=1" for op in tc["shared_ops"]]
+    assert "DS_ENABLE_NINJA=1" in common and "'exec g++ \"$@\"'" in common and tc["host_cxx"] == "g++"
+    assert "/.ninja_log" in common  # a build without ninja fails here: nothing could be reused
+    assert f"find {tree}/build -mindepth 1 -maxdepth 1 ! -name 'temp.*' -exec rm -r {{}} +" in common
+
+
+def test_shared_ops_are_the_cpu_ops_of_both_lists_and_only_with_the_same_compiler():
+    ops = [{"name": "fused_adam", "builder": "FusedAdamBuilder", "cuda": True},
+           {"name": "cpu_adam", "builder": "CPUAdamBuilder", "cuda": False}]
+    cpu = {"ops": [{"name": "fused_adam", "builder": "FusedAdamBuilder"}, {"name": "cpu_adam", "builder": "CPUAdamBuilder"},
+                   {"name": "deepspeed_shm_comm", "builder": "ShareMemCommBuilder"}]}
+    assert [o["name"] for o in compat.shared_ops(ops, cpu, "g++")] == ["cpu_adam"]
+    assert compat.shared_ops(ops, cpu, "g++-13") == []  # the CUDA ops compile with Debian's nvcc's host compiler
+    assert compat.shared_ops(ops, None, "g++") == []
+    other = {"ops": [{"name": "cpu_adam", "builder": "SomeOtherBuilder"}]}
+    assert compat.shared_ops(ops, other, "g++") == []
 
 
 def test_an_entry_whose_deepspeed_predates_the_checked_builders_keeps_the_jit_path():

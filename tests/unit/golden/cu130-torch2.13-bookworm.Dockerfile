@@ -179,11 +179,47 @@ RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
     && rm /tmp/site.before \
     && find / -xdev -newermt "@$t0" \( -type l -o -writable \) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +
 
+# cpu_adam: DeepSpeed builds it alike for the CUDA and the CPU accelerator (the same builder, flags and
+# compiler), so it is compiled once, here, where both ops stages start, by DeepSpeed's own build in the tree both
+# build in. Each stage's build goes through torch's ninja backend, which reuses an object only where the command
+# it would run is the one its log records and no input is newer, and compiles any other again; the extension and
+# the wheel built here are removed, so each stage links its own. Measured 2026-12-06 on 2 cores: compiled in both
+# stages, CPUAdam's two sources took about 70 of the ~420 core-seconds the two stages spend.
+FROM torch AS ops-common
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ARG SOURCE_DATE_EPOCH=315532800
+ENV DS_ACCELERATOR=cpu \
+    CC=/opt/ops/bin/cc \
+    CXX=/opt/ops/bin/cc \
+    LDFLAGS=-s \
+    MAX_JOBS=2 \
+    DS_ENABLE_NINJA=1
+RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
+    --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/.in-bin/uv \
+    --mount=type=bind,from=ops-fetch,source=/opt/ops-fetch,target=/.in-ops-fetch \
+    --mount=type=bind,source=ops.lock,target=/.in-ops.lock \
+    export PYTHONHASHSEED=0 PATH="/.in-bin:$PATH" UV_CACHE_DIR=/.uv-cache UV_LINK_MODE=copy UV_NO_PROGRESS=1 \
+      UV_PYTHON_DOWNLOADS=never; \
+    mkdir -p /opt/ops/bin /opt/ops/src \
+    && printf '%s\n' '#!/bin/sh' 'for a do shift; case "$a" in -march=native) a=-march=x86-64-v3;; -D__AVX512__|-D__AVX256__|-D__SCALAR__) a=-D__AVX256__;; -g) continue;; esac; set -- "$@" "$a"; done' 'echo "$*" >> /opt/ops/cc.log' 'exec g++ "$@"' > /opt/ops/bin/cc \
+    && chmod 0755 /opt/ops/bin/cc \
+    && uv pip install --offline --no-index --find-links /.in-ops-fetch --require-hashes --no-deps -r /.in-ops.lock \
+    && tar -xzf /.in-ops-fetch/deepspeed-0.19.8.tar.gz -C /opt/ops/src \
+    && for d in /opt/venv/lib/python3.11/site-packages/torch/include /opt/venv/lib/python3.11/site-packages/nvidia; do [ ! -d "$d" ] || find "$d" -path '*/include/*' ! -type d \
+         -newermt "@$SOURCE_DATE_EPOCH" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} + || exit 1; done \
+    && if ! DS_BUILD_CPU_ADAM=1 DS_BUILD_OPS=0 pip wheel -v --no-cache-dir --no-deps \
+         --no-build-isolation --no-index -w /tmp/ops-common /opt/ops/src/deepspeed-0.19.8 > /tmp/ds-common-build.log 2>&1; \
+       then tail -60 /tmp/ds-common-build.log; exit 1; fi \
+    && { grep -E "building '.*' extension|ninja: no work to do" /tmp/ds-common-build.log | sed 's/^ *//' || true; } \
+    && if ! ls /opt/ops/src/deepspeed-0.19.8/build/temp.*/.ninja_log > /dev/null; then \
+         echo "DeepSpeed's build did not run ninja: the ops stages would compile everything again" >&2; exit 1; fi \
+    && rm -r /tmp/ops-common && find /opt/ops/src/deepspeed-0.19.8/build -mindepth 1 -maxdepth 1 ! -name 'temp.*' -exec rm -r {} +
+
 # DeepSpeed 0.19.8 with ops compiled ahead of time (fused_adam, cpu_adam), as a wheel: only the wheel
 # and ops.json (what was built) leave this stage. Its inputs are the base, torch.lock, the toolchain and ops.lock,
 # so entries with the same base, torch, CUDA and DeepSpeed share it, and a change of any other pin (or a commit)
 # reuses it. It runs beside the python stage.
-FROM torch AS ops
+FROM ops-common AS ops
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG SOURCE_DATE_EPOCH=315532800
 # CPU ops are compiled for a fixed target, not this machine's CPU: DeepSpeed's builder passes -march=native and a
@@ -213,24 +249,20 @@ ENV DS_ACCELERATOR=cuda \
 RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
     --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/.in-bin/uv \
     --mount=type=bind,from=ops-fetch,source=/opt/ops-fetch,target=/.in-ops-fetch \
-    --mount=type=bind,source=ops.lock,target=/.in-ops.lock \
     --mount=type=bind,source=nvcc.lock,target=/.in-nvcc.lock \
     export PYTHONHASHSEED=0 PATH="/.in-bin:$PATH" UV_CACHE_DIR=/.uv-cache UV_LINK_MODE=copy UV_NO_PROGRESS=1 \
       UV_PYTHON_DOWNLOADS=never; \
     mkdir -p /opt/ops/bin /opt/ops/wheel \
-    && printf '%s\n' '#!/bin/sh' 'for a do shift; case "$a" in -march=native) a=-march=x86-64-v3;; -D__AVX512__|-D__AVX256__|-D__SCALAR__) a=-D__AVX256__;; -g) continue;; esac; set -- "$@" "$a"; done' 'echo "$*" >> /opt/ops/cc.log' 'exec g++ "$@"' > /opt/ops/bin/cc \
-    && chmod 0755 /opt/ops/bin/cc \
-    && uv pip install --offline --no-index --find-links /.in-ops-fetch --require-hashes --no-deps -r /.in-ops.lock \
     && du -sb /opt/venv/lib/python3.11/site-packages/nvidia/cu13 | cut -f1 > /opt/ops/cuda-home-bytes \
     && uv pip install --offline --no-index --find-links /.in-ops-fetch --require-hashes --no-deps -r /.in-nvcc.lock \
     && for lib in cudart curand cublas; do ln -sf "$(basename "$(ls /opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib/lib$lib.so.* | head -1)")" /opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib/lib$lib.so; done \
     && /opt/venv/lib/python3.11/site-packages/nvidia/cu13/bin/nvcc --version | tail -2 \
-    && mkdir -p /opt/ops/src && tar -xzf /.in-ops-fetch/deepspeed-0.19.8.tar.gz -C /opt/ops/src \
     && for d in /opt/venv/lib/python3.11/site-packages/torch/include /opt/venv/lib/python3.11/site-packages/nvidia; do [ ! -d "$d" ] || find "$d" -path '*/include/*' ! -type d \
          -newermt "@$SOURCE_DATE_EPOCH" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} + || exit 1; done \
     && if ! DS_BUILD_FUSED_ADAM=1 DS_BUILD_CPU_ADAM=1 DS_BUILD_OPS=0 pip wheel -v --no-cache-dir --no-deps \
          --no-build-isolation --no-index -w /opt/ops/wheel /opt/ops/src/deepspeed-0.19.8 > /tmp/ds-build.log 2>&1; \
        then tail -60 /tmp/ds-build.log; exit 1; fi \
+    && { grep -E "building '.*' extension|ninja: no work to do" /tmp/ds-build.log | sed 's/^ *//' || true; } \
     && if grep -- '-march=native' /opt/ops/cc.log || ! grep -q -- '-march=x86-64-v3' /opt/ops/cc.log; then \
          echo "the CPU ops were not compiled through /opt/ops/bin/cc with -march=x86-64-v3" >&2; exit 1; fi
 # The checker comes in after the compile: a change to the gate's code re-runs this check, not DeepSpeed's build.
@@ -248,7 +280,7 @@ RUN pip install -q --no-cache-dir --no-deps --no-index /opt/ops/wheel/deepspeed-
 # built with the image's own g++ (the one DeepSpeed's JIT would use) through the same wrapper, and checked the same
 # way. A stage of its own, so that BuildKit runs it beside the CUDA ops stage; with ninja (DS_ENABLE_NINJA, as
 # there) whichever stage runs alone uses both cores.
-FROM torch AS ops-cpu
+FROM ops-common AS ops-cpu
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG SOURCE_DATE_EPOCH=315532800
 ENV DS_ACCELERATOR=cpu \
@@ -257,21 +289,13 @@ ENV DS_ACCELERATOR=cpu \
     LDFLAGS=-s \
     MAX_JOBS=2 \
     DS_ENABLE_NINJA=1
-RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
-    --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/.in-bin/uv \
-    --mount=type=bind,from=ops-fetch,source=/opt/ops-fetch,target=/.in-ops-fetch \
-    --mount=type=bind,source=ops.lock,target=/.in-ops.lock \
-    export PYTHONHASHSEED=0 PATH="/.in-bin:$PATH" UV_CACHE_DIR=/.uv-cache UV_LINK_MODE=copy UV_NO_PROGRESS=1 \
-      UV_PYTHON_DOWNLOADS=never; \
-    mkdir -p /opt/ops/bin /opt/ops/wheel-cpu /opt/ops/src-cpu \
-    && printf '%s\n' '#!/bin/sh' 'for a do shift; case "$a" in -march=native) a=-march=x86-64-v3;; -D__AVX512__|-D__AVX256__|-D__SCALAR__) a=-D__AVX256__;; -g) continue;; esac; set -- "$@" "$a"; done' 'echo "$*" >> /opt/ops/cc.log' 'exec g++ "$@"' > /opt/ops/bin/cc \
-    && chmod 0755 /opt/ops/bin/cc \
-    && uv pip install --offline --no-index --find-links /.in-ops-fetch --require-hashes --no-deps -r /.in-ops.lock \
-    && tar -xzf /.in-ops-fetch/deepspeed-0.19.8.tar.gz -C /opt/ops/src-cpu \
+RUN export PYTHONHASHSEED=0; \
+    mkdir -p /opt/ops/wheel-cpu \
     && if ! DS_BUILD_FUSED_ADAM=1 DS_BUILD_CPU_ADAM=1 DS_BUILD_SHM_COMM=1 DS_BUILD_OPS=0 \
          pip wheel -v --no-cache-dir --no-deps --no-build-isolation --no-index -w /opt/ops/wheel-cpu \
-         /opt/ops/src-cpu/deepspeed-0.19.8 > /tmp/ds-cpu-build.log 2>&1; \
+         /opt/ops/src/deepspeed-0.19.8 > /tmp/ds-cpu-build.log 2>&1; \
        then tail -60 /tmp/ds-cpu-build.log; exit 1; fi \
+    && { grep -E "building '.*' extension|ninja: no work to do" /tmp/ds-cpu-build.log | sed 's/^ *//' || true; } \
     && if grep -- '-march=native' /opt/ops/cc.log || ! grep -q -- '-march=x86-64-v3' /opt/ops/cc.log; then \
          echo "the CPU-accelerator ops were not compiled through /opt/ops/bin/cc with -march=x86-64-v3" >&2; exit 1; fi
 COPY smoke/ops.py /opt/ops/ops.py
