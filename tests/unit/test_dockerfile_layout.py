@@ -299,8 +299,24 @@ def test_an_entry_whose_deepspeed_predates_the_checked_builders_keeps_the_jit_pa
     assert render.facts(entry)["ops"]["cpu_accelerator"] is None
 
 
-SHIPPED = ("os", "torch", "python", "runtime")  # the stages the image is made of; uv, nvcc, ops, ops-cpu only build
+SHIPPED = ("os", "torch", "python", "runtime")  # the stages the image is made of; uv, pins, ops-* and nvcc only build
 LAYER_END = 'find / -xdev -newermt "@$t0" \\( -type l -o -writable \\) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +'
+
+
+@pytest.mark.parametrize("nvcc_in_image", [False, True])
+def test_no_shipped_step_installs_with_uv_from_a_local_file(nvcc_in_image):
+    """uv writes uv_cache.json, holding the file's mtime, into the dist-info of what it installs from a local file
+    (seen 2026-12-06: nvidia_cuda_nvcc's, from ops-fetch): a shipped layer would differ in every build. The build
+    stages may; the stages the image is made of install from the index (or copy what a stage installed)."""
+    import dataclasses
+
+    entry = matrix.load(ROOT / "matrix.yaml").by_tag()["cu130-torch2.13-bookworm"]
+    parts = stages(render.render_entry(dataclasses.replace(entry, nvcc=nvcc_in_image))["Dockerfile"])
+    assert ("# nvcc in the image too" in parts["python"]) == nvcc_in_image
+    for name in SHIPPED:
+        for install in re.findall(r"uv pip install [^\n]*", "\n".join(steps(parts[name]))):
+            assert "--find-links" not in install and "--offline" not in install, (name, install)
+        assert "from=ops-fetch" not in parts[name], name
 
 
 def test_every_shipped_step_dates_what_it_wrote_so_its_layer_is_the_same_bytes_in_every_build(dockerfile):
