@@ -291,11 +291,16 @@ def cpu_accelerator(entry: Entry) -> dict | None:
     return cpu
 
 
+# The CPU-accelerator wheel's compiler: the image's own g++, the one DeepSpeed's JIT would use.
+CPU_CXX = "g++"
+
+
 def shared_ops(ops: list[dict], cpu: dict | None, host_cxx: str) -> list[dict]:
     """The CPU ops both DeepSpeed wheels build alike (the same builder for the CUDA and the CPU accelerator, and the
-    same compiler: the CPU wheel's is the image's g++), which the Dockerfile compiles once for both ops stages.
-    ninja, not this list, decides what is reused: an object whose command differs is compiled again."""
-    if not cpu or host_cxx != "g++":
+    same compiler: nvcc's host compiler is CPU_CXX), which the Dockerfile compiles once for both ops stages. Both
+    stages then build through ops-common's compiler wrapper, so the compiler must be the same: ninja compares the
+    command, which names the wrapper, not the compiler behind it. ninja decides what is reused."""
+    if not cpu or host_cxx != CPU_CXX:
         return []
     return [o for o in ops if not o["cuda"]
             and any(c["name"] == o["name"] and c["builder"] == o["builder"] for c in cpu["ops"])]
@@ -339,6 +344,7 @@ def toolchain(entry: Entry) -> dict:
         "nvcc": nvcc,
         "cuda_home": cuda_home,
         "host_cxx": host_cxx,
+        "cpu_cxx": CPU_CXX,
         "shared_ops": shared_ops(ops, cpu, host_cxx),
         "cpu_target": t["cpu_target"],
         "nvcc_bytes_cmd": size,
