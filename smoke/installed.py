@@ -9,6 +9,9 @@ import sys
 NAMES = ["torch", "transformers", "deepspeed", "peft", "accelerate", "nvidia-ml-py", "flash-attn", "pynvml",
          "nvidia-ml-py3"]
 out = {"python": ".".join(map(str, sys.version_info[:3])), "versions": {}, "torch_dists": 0}
+# pip's check runs beside the rest (torch's import alone takes ~2 s): the two were most of a pin change's image check.
+check = subprocess.Popen([sys.executable, "-m", "pip", "check"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True)
 for name in NAMES:
     try:
         out["versions"][name] = md.version(name)
@@ -20,8 +23,6 @@ for dist in md.distributions():
     files = dist.files or []
     if "torch" in top or any(str(f).startswith("torch/__init__.py") for f in files):
         out["torch_dists"] += 1
-check = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True)
-out["pip_check"] = {"ok": check.returncode == 0, "output": (check.stdout + check.stderr).strip()[-2000:]}
 try:
     import torch
 
@@ -30,4 +31,6 @@ try:
 except Exception as exc:  # noqa: BLE001 - any import failure is the finding
     out["torch_cuda"] = None
     out["torch_error"] = f"{type(exc).__name__}: {exc}"
+checked = check.communicate()[0]
+out["pip_check"] = {"ok": check.returncode == 0, "output": checked.strip()[-2000:]}
 print("INSTALLED-JSON " + json.dumps(out, sort_keys=True))

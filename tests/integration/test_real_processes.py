@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+import py_compile
 import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -156,6 +158,46 @@ def test_compile_new_compiles_the_recorded_files_of_new_and_upgraded_packages(tm
     subprocess.run([sys.executable, "-S", str(script), str(site), str(tmp_path / "before")], check=True)
     assert struct.unpack("<I", stale.read_bytes()[4:8])[0] == 3, "checked-hash .pyc, forced over the stale one"
     assert not (site / "old" / "__pycache__").exists(), "an unchanged package is not touched"
+
+
+def test_compile_new_takes_bytecode_from_its_cache_only_for_the_same_source_at_the_same_path(tmp_path):
+    """A pin change reinstalls every pin: the files that did not change get the bytes a compile writes, from the
+    cache; a changed file, or a cache entry that does not match its source, is compiled."""
+    import importlib.util
+
+    script = ROOT / "builder" / "data" / "compile-new.py"
+    cache, site = tmp_path / "cache", tmp_path / "site"
+
+    def install(version: str, text: str) -> tuple[str, dict]:
+        """The site as a pin step leaves it: `pkg` at `version`, its files' bytecode compiled with the cache."""
+        shutil.rmtree(site, ignore_errors=True)
+        (site / "pkg").mkdir(parents=True)
+        (site / "pkg" / "same.py").write_text("def f():\n    return {'a': 1, 'b': (2, 3)}\n")
+        (site / "pkg" / "changed.py").write_text(text)
+        (site / f"pkg-{version}.dist-info").mkdir()
+        (site / f"pkg-{version}.dist-info" / "RECORD").write_text("pkg/same.py,,\npkg/changed.py,,\n")
+        (tmp_path / "before").write_text("")
+        out = subprocess.run([sys.executable, "-S", str(script), str(site), str(tmp_path / "before"), str(cache)],
+                             check=True, capture_output=True, text=True).stdout
+        pycs = {name: (pyc.read_bytes(), pyc.stat().st_mode)
+                for name in ("same", "changed")
+                for pyc in [Path(importlib.util.cache_from_source(str(site / "pkg" / f"{name}.py")))]}
+        return out, pycs
+
+    first_out, first = install("1.0", "X = 1\n")
+    assert "2 of 2 files compiled (hash-checked), 0 of them from the cache" in first_out
+    second_out, second = install("2.0", "X = 2\n")
+    assert "1 of them from the cache" in second_out
+    assert second["same"] == first["same"], "a cached .pyc: the same bytes and mode as the compile wrote"
+    assert second["changed"] != first["changed"]
+    fresh = tmp_path / "fresh.pyc"
+    py_compile.compile(str(site / "pkg" / "changed.py"), cfile=str(fresh), dfile=str(site / "pkg" / "changed.py"),
+                       invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+    assert second["changed"][0] == fresh.read_bytes()
+    for entry in cache.rglob("*.pyc"):  # an entry that is not this source's bytecode is never used
+        entry.write_bytes(entry.read_bytes()[:8] + b"\0" * 8 + b"garbage")
+    third_out, third = install("3.0", "X = 2\n")
+    assert "0 of them from the cache" in third_out and third == second
 
 
 # --- reference tools ---------------------------------------------------------------------------------
