@@ -43,8 +43,11 @@ def compile_one(path: str, cache=None) -> str:
     """"compiled", "cached" (the bytes came from `cache`), or "" where the file does not compile."""
     if not cache:
         return "compiled" if _compile(path) else ""
-    with open(path, "rb") as f:
-        source = f.read()
+    try:
+        with open(path, "rb") as f:
+            source = f.read()
+    except OSError:  # a RECORDed file that is not there: compileall's answer, as without a cache
+        return "compiled" if _compile(path) else ""
     magic = importlib.util.MAGIC_NUMBER
     key = hashlib.sha256(magic + path.encode() + b"\0" + source).hexdigest()
     kept = os.path.join(cache, key[:2], key + ".pyc")
@@ -60,11 +63,14 @@ def compile_one(path: str, cache=None) -> str:
         return "cached"
     if not _compile(path):
         return ""
-    os.makedirs(os.path.dirname(kept), exist_ok=True)
-    part = f"{kept}.{os.getpid()}"
-    with open(pyc, "rb") as src, open(part, "wb") as dst:
-        dst.write(src.read())
-    os.replace(part, kept)  # whole entries only: builds that share the cache may write the same key at once
+    try:  # the cache only saves time: a failure to keep an entry fails nothing
+        os.makedirs(os.path.dirname(kept), exist_ok=True)
+        part = f"{kept}.{os.getpid()}"
+        with open(pyc, "rb") as src, open(part, "wb") as dst:
+            dst.write(src.read())
+        os.replace(part, kept)  # whole entries only: builds that share the cache may write the same key at once
+    except OSError:
+        pass
     return "compiled"
 
 
