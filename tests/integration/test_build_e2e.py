@@ -74,6 +74,13 @@ def test_the_cpu_ops_both_wheels_build_alike_were_compiled_once_and_reused_by_ni
         # and the stage's own ops were compiled here, not found done
         others = [i for i, line in enumerate(built) if line.startswith("building '") and i != at]
         assert others and all(built[i + 1:i + 2] != ["ninja: no work to do."] for i in others), (stage, built)
+    # The CPU FusedAdam compiles CPUAdam's cpu_adam_impl.cpp again under its own -DTORCH_EXTENSION_NAME: ccache
+    # (keyed on the preprocessed source) answers it from ops-common's compile; ops-common found nothing to reuse.
+    counts = {stage: re.findall(r"^ccache: (\d+) of (\d+) compiles from the cache$",
+                                "\n".join(step_output(ci_build["log"], f"[{stage}] RUN ")), flags=re.M)
+              for stage in ("ops-common 1/1", "ops-cpu 1/3")}
+    assert counts["ops-common 1/1"] and counts["ops-common 1/1"][0][0] == "0", counts
+    assert counts["ops-cpu 1/3"] and int(counts["ops-cpu 1/3"][0][0]) >= 1, counts
 
 
 def test_torch_and_its_cuda_libraries_are_two_layers_of_comparable_size(ci_build):

@@ -73,7 +73,7 @@ RUN --mount=type=bind,source=build-tools.lock,target=/.in-build-tools.lock \
     if [ -s /.secret-pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /.secret-pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \
     export PIP_INDEX_URL="${PIP_INDEX_URL:-https://pypi.org/simple}"; \
     pip install -q --no-cache-dir --require-hashes --no-deps --no-compile --target /opt/uv -r /.in-build-tools.lock \
-    && /opt/uv/bin/uv --version
+    && /opt/uv/bin/uv --version && /opt/uv/bin/ccache --print-version
 
 # The matrix's own pins (requirements-pins.lock: transformers, peft, accelerate, nvidia-ml-py, as locked), installed
 # for the image's interpreter under a prefix laid out as its venv, which the python stage copies in last. They are
@@ -208,6 +208,7 @@ ENV DS_ACCELERATOR=cuda \
     CUDA_HOME=/usr/local/cuda \
     CC=/opt/ops/bin/cc \
     CXX=/opt/ops/bin/cc \
+    TORCH_NO_COMPILER_WRAPPER=1 \
     LDFLAGS=-s \
     MAX_JOBS=2 \
     DS_ENABLE_NINJA=1 \
@@ -219,7 +220,7 @@ RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
     export PYTHONHASHSEED=0 PATH="/.in-bin:$PATH" UV_CACHE_DIR=/.uv-cache UV_LINK_MODE=copy UV_NO_PROGRESS=1 \
       UV_PYTHON_DOWNLOADS=never; \
     mkdir -p /opt/ops/bin /opt/ops/wheel \
-    && printf '%s\n' '#!/bin/sh' 'for a do shift; case "$a" in -march=native) a=-march=x86-64-v3;; -D__AVX512__|-D__AVX256__|-D__SCALAR__) a=-D__AVX256__;; -g) continue;; esac; set -- "$@" "$a"; done' 'echo "$*" >> /opt/ops/cc.log' 'exec g++ "$@"' > /opt/ops/bin/cc \
+    && printf '%s\n' '#!/bin/sh' 'for a do shift; case "$a" in -march=native) a=-march=x86-64-v3;; -D__AVX512__|-D__AVX256__|-D__SCALAR__) a=-D__AVX256__;; -g) continue;; esac; set -- "$@" "$a"; done' 'echo "$*" >> /opt/ops/cc.log' '[ -z "${CCACHE_DIR:-}" ] || exec /.in-ccache/ccache g++ "$@"' 'exec g++ "$@"' > /opt/ops/bin/cc \
     && chmod 0755 /opt/ops/bin/cc \
     && uv pip install --offline --no-index --find-links /.in-ops-fetch --require-hashes --no-deps -r /.in-ops.lock \
     && /usr/local/cuda/bin/nvcc --version | tail -2 \

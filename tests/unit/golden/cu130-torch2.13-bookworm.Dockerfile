@@ -73,7 +73,7 @@ RUN --mount=type=bind,source=build-tools.lock,target=/.in-build-tools.lock \
     if [ -s /.secret-pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /.secret-pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \
     export PIP_INDEX_URL="${PIP_INDEX_URL:-https://pypi.org/simple}"; \
     pip install -q --no-cache-dir --require-hashes --no-deps --no-compile --target /opt/uv -r /.in-build-tools.lock \
-    && /opt/uv/bin/uv --version
+    && /opt/uv/bin/uv --version && /opt/uv/bin/ccache --print-version
 
 # The matrix's own pins (requirements-pins.lock: transformers, peft, accelerate, nvidia-ml-py, as locked), installed
 # for the image's interpreter under a prefix laid out as its venv, which the python stage copies in last. They are
@@ -185,23 +185,29 @@ RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
 # it would run is the one its log records and no input is newer, and compiles any other again; the extension and
 # the wheel built here are removed, so each stage links its own. Measured 2026-12-06 on 2 cores: compiled in both
 # stages, CPUAdam's two sources took about 70 of the ~420 core-seconds the two stages spend.
+# Both CPU builds compile through ccache (build-tools.lock; its cache lives in these stages' layers, not the image):
+# torch names each op in its compile flags, so ninja compiles a source two ops share once for each, and ccache
+# gives the second the first's object, which it keys on the preprocessed source and the compiler's flags.
 FROM torch AS ops-common
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG SOURCE_DATE_EPOCH=315532800
 ENV DS_ACCELERATOR=cpu \
     CC=/opt/ops/bin/cc \
     CXX=/opt/ops/bin/cc \
+    TORCH_NO_COMPILER_WRAPPER=1 \
     LDFLAGS=-s \
     MAX_JOBS=2 \
     DS_ENABLE_NINJA=1
 RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
     --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/.in-bin/uv \
+    --mount=type=bind,from=uv,source=/opt/uv/bin/ccache,target=/.in-ccache/ccache \
     --mount=type=bind,from=ops-fetch,source=/opt/ops-fetch,target=/.in-ops-fetch \
     --mount=type=bind,source=ops.lock,target=/.in-ops.lock \
     export PYTHONHASHSEED=0 PATH="/.in-bin:$PATH" UV_CACHE_DIR=/.uv-cache UV_LINK_MODE=copy UV_NO_PROGRESS=1 \
       UV_PYTHON_DOWNLOADS=never; \
+    export CCACHE_DIR=/opt/ops/ccache CCACHE_NODIRECT=1; \
     mkdir -p /opt/ops/bin /opt/ops/src \
-    && printf '%s\n' '#!/bin/sh' 'for a do shift; case "$a" in -march=native) a=-march=x86-64-v3;; -D__AVX512__|-D__AVX256__|-D__SCALAR__) a=-D__AVX256__;; -g) continue;; esac; set -- "$@" "$a"; done' 'echo "$*" >> /opt/ops/cc.log' 'exec g++ "$@"' > /opt/ops/bin/cc \
+    && printf '%s\n' '#!/bin/sh' 'for a do shift; case "$a" in -march=native) a=-march=x86-64-v3;; -D__AVX512__|-D__AVX256__|-D__SCALAR__) a=-D__AVX256__;; -g) continue;; esac; set -- "$@" "$a"; done' 'echo "$*" >> /opt/ops/cc.log' '[ -z "${CCACHE_DIR:-}" ] || exec /.in-ccache/ccache g++ "$@"' 'exec g++ "$@"' > /opt/ops/bin/cc \
     && chmod 0755 /opt/ops/bin/cc \
     && uv pip install --offline --no-index --find-links /.in-ops-fetch --require-hashes --no-deps -r /.in-ops.lock \
     && tar -xzf /.in-ops-fetch/deepspeed-0.19.8.tar.gz -C /opt/ops/src \
@@ -211,6 +217,7 @@ RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
          --no-build-isolation --no-index -w /tmp/ops-common /opt/ops/src/deepspeed-0.19.8 > /tmp/ds-common-build.log 2>&1; \
        then tail -60 /tmp/ds-common-build.log; exit 1; fi \
     && { grep -E "building '.*' extension|ninja: no work to do" /tmp/ds-common-build.log | sed 's/^ *//' || true; } \
+    && /.in-ccache/ccache --print-stats | awk -F'\t' '{ s[$1] = $2 } END { h = s["direct_cache_hit"] + s["preprocessed_cache_hit"]; printf "ccache: %d of %d compiles from the cache\n", h, h + s["cache_miss"] }' \
     && if ! ls /opt/ops/src/deepspeed-0.19.8/build/temp.*/.ninja_log > /dev/null; then \
          echo "DeepSpeed's build did not run ninja: the ops stages would compile everything again" >&2; exit 1; fi \
     && rm -r /tmp/ops-common && find /opt/ops/src/deepspeed-0.19.8/build -mindepth 1 -maxdepth 1 ! -name 'temp.*' -exec rm -r {} +
@@ -242,6 +249,7 @@ ENV DS_ACCELERATOR=cuda \
     CUDA_HOME=/opt/venv/lib/python3.11/site-packages/nvidia/cu13 \
     CC=/opt/ops/bin/cc \
     CXX=/opt/ops/bin/cc \
+    TORCH_NO_COMPILER_WRAPPER=1 \
     LDFLAGS=-s \
     MAX_JOBS=2 \
     DS_ENABLE_NINJA=1 \
@@ -286,16 +294,21 @@ ARG SOURCE_DATE_EPOCH=315532800
 ENV DS_ACCELERATOR=cpu \
     CC=/opt/ops/bin/cc \
     CXX=/opt/ops/bin/cc \
+    TORCH_NO_COMPILER_WRAPPER=1 \
     LDFLAGS=-s \
     MAX_JOBS=2 \
     DS_ENABLE_NINJA=1
-RUN export PYTHONHASHSEED=0; \
-    mkdir -p /opt/ops/wheel-cpu \
+RUN --mount=type=bind,from=uv,source=/opt/uv/bin/ccache,target=/.in-ccache/ccache \
+    export PYTHONHASHSEED=0; \
+    export CCACHE_DIR=/opt/ops/ccache CCACHE_NODIRECT=1; \
+    /.in-ccache/ccache --zero-stats > /dev/null \
+    && mkdir -p /opt/ops/wheel-cpu \
     && if ! DS_BUILD_FUSED_ADAM=1 DS_BUILD_CPU_ADAM=1 DS_BUILD_SHM_COMM=1 DS_BUILD_OPS=0 \
          pip wheel -v --no-cache-dir --no-deps --no-build-isolation --no-index -w /opt/ops/wheel-cpu \
          /opt/ops/src/deepspeed-0.19.8 > /tmp/ds-cpu-build.log 2>&1; \
        then tail -60 /tmp/ds-cpu-build.log; exit 1; fi \
     && { grep -E "building '.*' extension|ninja: no work to do" /tmp/ds-cpu-build.log | sed 's/^ *//' || true; } \
+    && /.in-ccache/ccache --print-stats | awk -F'\t' '{ s[$1] = $2 } END { h = s["direct_cache_hit"] + s["preprocessed_cache_hit"]; printf "ccache: %d of %d compiles from the cache\n", h, h + s["cache_miss"] }' \
     && if grep -- '-march=native' /opt/ops/cc.log || ! grep -q -- '-march=x86-64-v3' /opt/ops/cc.log; then \
          echo "the CPU-accelerator ops were not compiled through /opt/ops/bin/cc with -march=x86-64-v3" >&2; exit 1; fi
 COPY smoke/ops.py /opt/ops/ops.py
