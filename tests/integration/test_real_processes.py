@@ -201,6 +201,43 @@ def test_compile_new_takes_bytecode_from_its_cache_only_for_the_same_source_at_t
     assert "0 of them from the cache" in third_out and third == second
 
 
+def test_compile_new_warms_the_cache_from_a_prefix_with_the_bytes_a_compile_at_the_final_path_writes(tmp_path):
+    """The pins stage installs under a prefix and compiles each file into the cache as if at its venv path; the
+    python stage, which copies the files there, then takes every .pyc from the cache: the bytes py_compile writes
+    at that path (real stdlib modules, so constants, nested code and line tables are all in them)."""
+    import importlib.util
+    import json
+
+    script = ROOT / "builder" / "data" / "compile-new.py"
+    cache, prefix, venv = tmp_path / "cache", tmp_path / "pins" / "site", tmp_path / "venv" / "site"
+    sources = {"pkg/decoder.py": Path(json.decoder.__file__).read_text(),
+               "pkg/encoder.py": Path(json.encoder.__file__).read_text(),
+               "pkg/broken.py": "def f(:\n"}  # does not compile: source-only, as pip leaves it
+    for site in (prefix, venv):
+        for name, text in sources.items():
+            (site / name).parent.mkdir(parents=True, exist_ok=True)
+            (site / name).write_text(text)
+        (site / "pkg-1.0.dist-info").mkdir()
+        (site / "pkg-1.0.dist-info" / "RECORD").write_text("".join(f"{n},,\n" for n in sources) + "../../bin/x.py,,\n")
+
+    def run(*args: Path | str) -> str:
+        return subprocess.run([sys.executable, "-S", str(script), *map(str, args)], check=True, capture_output=True,
+                              text=True).stdout
+
+    assert f"2 of 3 files in the cache for {venv}, 0 of them there already" in run("--warm", prefix, venv, cache)
+    assert "2 of 3 files in the cache for " in (again := run("--warm", prefix, venv, cache))
+    assert "2 of them there already" in again
+    assert not list(prefix.rglob("*.pyc")), "nothing is compiled beside the prefix's files"
+    (tmp_path / "before").write_text("")
+    assert "2 of 3 files compiled (hash-checked), 2 of them from the cache" in run(venv, tmp_path / "before", cache)
+    for name in ("decoder", "encoder"):
+        path = venv / "pkg" / f"{name}.py"
+        fresh = tmp_path / f"{name}.pyc"
+        py_compile.compile(str(path), cfile=str(fresh), invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+        assert Path(importlib.util.cache_from_source(str(path))).read_bytes() == fresh.read_bytes(), name
+    assert not Path(importlib.util.cache_from_source(str(venv / "pkg" / "broken.py"))).exists()
+
+
 # --- reference tools ---------------------------------------------------------------------------------
 
 
