@@ -50,9 +50,10 @@ def test_a_change_of_one_pin_reruns_three_small_steps_and_no_secret_step_on_a_ne
     20.2 s with the pins installed in the python stage's last step, on Docker 26.1."""
     parts = stages(dockerfile)
     assert re.search(r"^FROM os AS pins$", dockerfile, flags=re.M)
-    fetch = [s for s in steps(parts["pins"]) if s.startswith("RUN ")]
-    assert len(fetch) == 1 and "-r /.in-requirements-pins.lock" in fetch[0] and "--prefix /opt/pins" in fetch[0]
-    assert "source=requirements-pins.lock," in fetch[0] and "type=secret" in fetch[0]
+    fetch, *warm = [s for s in steps(parts["pins"]) if s.startswith("RUN ")]
+    assert "-r /.in-requirements-pins.lock" in fetch and "--prefix /opt/pins" in fetch
+    assert "source=requirements-pins.lock," in fetch and "type=secret" in fetch
+    assert len(warm) == 1 and "--warm" in warm[0] and "type=secret" not in warm[0]  # the bytecode into the cache
 
     python, runtime = steps(parts["python"]), steps(parts["runtime"])
     runs = [s for s in python if s.startswith("RUN ")]
@@ -203,6 +204,18 @@ def test_the_pins_bytecode_is_put_in_the_cache_beside_torchs_download_for_the_la
     last = steps(parts["python"])[-1]
     assert mount in parts["pins"] and mount in last and "--mount=type=bind,from=pins," in last
     assert f"python -S /.in-compile-new.py {site.group(2)} /tmp/site.before /.pyc-cache" in last
+
+
+def test_no_package_code_runs_in_a_step_that_mounts_the_bytecode_cache(dockerfile):
+    """A .pyc from the cache is trusted on its key (the source's path and bytes): a step that ran a package's code
+    with the cache mounted (an sdist's build backend in an install) could leave bytecode there for other builds.
+    So the cache is mounted only where compile-new.py, which compiles and never imports, is what runs."""
+    mount = "--mount=type=cache,id=pyc-cache,"
+    using = [s for stage in stages(dockerfile).values() for s in steps(stage) if mount in s]
+    assert len(using) == 2  # the pins stage's warm-up, the python stage's last step
+    for step in using:
+        assert not re.search(r"\bpip (install|wheel|download)\b|\bsetup\.py\b|\bimport\b", step), step
+        assert "python -S /.in-compile-new.py" in step
 
 
 def test_build_tools_lock_is_rendered_with_hashes():

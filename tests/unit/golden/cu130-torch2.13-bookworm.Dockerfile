@@ -79,14 +79,10 @@ RUN --mount=type=bind,source=build-tools.lock,target=/.in-build-tools.lock \
 # for the image's interpreter under a prefix laid out as its venv, which the python stage copies in last. They are
 # fetched here, on the small OS layer, not on torch's: a step that mounts the index secrets makes BuildKit before
 # 0.16 (Docker 26) hash its whole parent file system first (see `secrets`), and a pin change would pay it on ~5 GB.
-# Their bytecode goes into the cache mount the python stage's last step reads (compile-new.py --warm: compiled as
-# at their venv paths), here, beside torch's download, not on the cold build's critical path at its end.
 FROM os AS pins
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
     --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/.in-bin/uv \
-    --mount=type=bind,source=compile-new.py,target=/.in-compile-new.py \
-    --mount=type=cache,id=pyc-cache,target=/.pyc-cache,sharing=shared \
     --mount=type=bind,source=requirements-pins.lock,target=/.in-requirements-pins.lock \
     --mount=type=secret,id=pip_cert,target=/.secret-pip_cert,required=false \
     --mount=type=secret,id=pip_index_url,target=/.secret-pip_index_url,required=false \
@@ -105,8 +101,13 @@ RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
     && rm -f /opt/pins/.lock \
     && for meta in $(find /opt/pins -type d -name '*.dist-info' -prune -printf '%h\n' | sort -u); do \
          if [ "$meta" != "/opt/pins/lib/python3.11/site-packages" ]; then \
-           echo "error: uv laid the pins out under $meta, not as the venv (/opt/venv/lib/python3.11/site-packages)" >&2; exit 1; fi; done \
-    && python -S /.in-compile-new.py --warm /opt/pins/lib/python3.11/site-packages /opt/venv/lib/python3.11/site-packages /.pyc-cache
+           echo "error: uv laid the pins out under $meta, not as the venv (/opt/venv/lib/python3.11/site-packages)" >&2; exit 1; fi; done
+# Their bytecode, into the cache mount the python stage's last step reads (compile-new.py --warm: compiled as at
+# their venv paths), here, beside torch's download, not at the end of a cold build's critical path. A step of its
+# own: no package's code runs while that cache is mounted (an sdist's build backend would run in the install).
+RUN --mount=type=bind,source=compile-new.py,target=/.in-compile-new.py \
+    --mount=type=cache,id=pyc-cache,target=/.pyc-cache,sharing=shared \
+    python -S /.in-compile-new.py --warm /opt/pins/lib/python3.11/site-packages /opt/venv/lib/python3.11/site-packages /.pyc-cache
 
 # What the ops stages install besides torch (ops.lock: what DeepSpeed's build imports; deepspeed.lock: its sdist;
 # nvcc.lock: nvcc from PyPI), downloaded and hash-checked here, on the small OS layer, so that no step of theirs mounts the
