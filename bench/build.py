@@ -163,12 +163,15 @@ def cold_reset(work: Path, tag: str) -> None:
     tag on the same base) keeps them unpacked, and the export of a "cold" build then skips unpacking them: 25 s
     short of a fresh machine's (2026-12-07: export and unpack 63.5 s with none left, 34-38 s in two bench runs
     that left them). Only an image whose layers start with the base's can share one of ours."""
-    base = layers(entry_of(work, tag)[0].base_name)
+    base_name = entry_of(work, tag)[0].base_name
+    base = layers(base_name)
+    if not base:  # no base to compare with: every image would look "built on" it; remove nothing
+        sys.exit(f"bench: the base image {base_name} is not here to tell which images share its layers")
     ids = subprocess.run([DOCKER, "image", "ls", "-aq", "--no-trunc"], capture_output=True, text=True).stdout.split()
     built_on_base = sorted({i for i in ids if (found := layers(i))[:len(base)] == base and len(found) > len(base)})
     if built_on_base:
         subprocess.run([DOCKER, "rmi", "-f", *built_on_base], capture_output=True)
-        print(f"cold: removed {len(built_on_base)} image(s) built on {entry_of(work, tag)[0].base_name}", flush=True)
+        print(f"cold: removed {len(built_on_base)} image(s) built on {base_name}", flush=True)
     subprocess.run([DOCKER, "builder", "prune", "-af"], capture_output=True)
 
 
