@@ -233,8 +233,8 @@ RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
     && mkdir -p /opt/ops/src && tar -xzf /.in-ops-fetch/deepspeed-0.15.1.tar.gz -C /opt/ops/src \
     && for d in /opt/venv/lib/python3.10/site-packages/torch/include /opt/venv/lib/python3.10/site-packages/nvidia; do [ ! -d "$d" ] || find "$d" -path '*/include/*' ! -type d \
          -newermt "@$SOURCE_DATE_EPOCH" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} + || exit 1; done \
-    && if ! DS_BUILD_FUSED_ADAM=1 DS_BUILD_CPU_ADAM=1 DS_BUILD_OPS=0 pip wheel -v --no-cache-dir --no-deps \
-         --no-build-isolation --no-index -w /opt/ops/wheel /opt/ops/src/deepspeed-0.15.1 > /tmp/ds-build.log 2>&1; \
+    && if ! env -C /opt/ops/src/deepspeed-0.15.1 DS_BUILD_FUSED_ADAM=1 DS_BUILD_CPU_ADAM=1 DS_BUILD_OPS=0 python setup.py bdist_wheel -d /opt/ops/wheel \
+         > /tmp/ds-build.log 2>&1; \
        then tail -60 /tmp/ds-build.log; exit 1; fi \
     && { grep -E "building '.*' extension|ninja: no work to do" /tmp/ds-build.log | sed 's/^ *//' || true; } \
     && if grep -- '-march=native' /opt/ops/cc.log || ! grep -q -- '-march=x86-64-v3' /opt/ops/cc.log; then \

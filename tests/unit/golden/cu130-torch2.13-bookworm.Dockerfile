@@ -219,8 +219,8 @@ RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
     && tar -xzf /.in-ops-fetch/deepspeed-0.19.8.tar.gz -C /opt/ops/src \
     && for d in /opt/venv/lib/python3.11/site-packages/torch/include /opt/venv/lib/python3.11/site-packages/nvidia; do [ ! -d "$d" ] || find "$d" -path '*/include/*' ! -type d \
          -newermt "@$SOURCE_DATE_EPOCH" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} + || exit 1; done \
-    && if ! DS_BUILD_CPU_ADAM=1 DS_BUILD_OPS=0 pip wheel -v --no-cache-dir --no-deps \
-         --no-build-isolation --no-index -w /tmp/ops-common /opt/ops/src/deepspeed-0.19.8 > /tmp/ds-common-build.log 2>&1; \
+    && if ! env -C /opt/ops/src/deepspeed-0.19.8 DS_BUILD_CPU_ADAM=1 DS_BUILD_OPS=0 python setup.py bdist_wheel -d /tmp/ops-common \
+         > /tmp/ds-common-build.log 2>&1; \
        then tail -60 /tmp/ds-common-build.log; exit 1; fi \
     && { grep -E "building '.*' extension|ninja: no work to do" /tmp/ds-common-build.log | sed 's/^ *//' || true; } \
     && /.in-ccache/ccache --print-stats | awk -F'\t' '{ s[$1] = $2 } END { h = s["direct_cache_hit"] + s["preprocessed_cache_hit"]; printf "ccache: %d of %d compiles from the cache\n", h, h + s["cache_miss"] }' \
@@ -273,8 +273,8 @@ RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
     && /opt/venv/lib/python3.11/site-packages/nvidia/cu13/bin/nvcc --version | tail -2 \
     && for d in /opt/venv/lib/python3.11/site-packages/torch/include /opt/venv/lib/python3.11/site-packages/nvidia; do [ ! -d "$d" ] || find "$d" -path '*/include/*' ! -type d \
          -newermt "@$SOURCE_DATE_EPOCH" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} + || exit 1; done \
-    && if ! DS_BUILD_FUSED_ADAM=1 DS_BUILD_CPU_ADAM=1 DS_BUILD_OPS=0 pip wheel -v --no-cache-dir --no-deps \
-         --no-build-isolation --no-index -w /opt/ops/wheel /opt/ops/src/deepspeed-0.19.8 > /tmp/ds-build.log 2>&1; \
+    && if ! env -C /opt/ops/src/deepspeed-0.19.8 DS_BUILD_FUSED_ADAM=1 DS_BUILD_CPU_ADAM=1 DS_BUILD_OPS=0 python setup.py bdist_wheel -d /opt/ops/wheel \
+         > /tmp/ds-build.log 2>&1; \
        then tail -60 /tmp/ds-build.log; exit 1; fi \
     && { grep -E "building '.*' extension|ninja: no work to do" /tmp/ds-build.log | sed 's/^ *//' || true; } \
     && if grep -- '-march=native' /opt/ops/cc.log || ! grep -q -- '-march=x86-64-v3' /opt/ops/cc.log; then \
@@ -309,9 +309,8 @@ RUN --mount=type=bind,from=uv,source=/opt/uv/bin/ccache,target=/.in-ccache/ccach
     export CCACHE_DIR=/opt/ops/ccache CCACHE_NODIRECT=1; \
     /.in-ccache/ccache --zero-stats > /dev/null \
     && mkdir -p /opt/ops/wheel-cpu \
-    && if ! DS_BUILD_FUSED_ADAM=1 DS_BUILD_CPU_ADAM=1 DS_BUILD_SHM_COMM=1 DS_BUILD_OPS=0 \
-         pip wheel -v --no-cache-dir --no-deps --no-build-isolation --no-index -w /opt/ops/wheel-cpu \
-         /opt/ops/src/deepspeed-0.19.8 > /tmp/ds-cpu-build.log 2>&1; \
+    && if ! env -C /opt/ops/src/deepspeed-0.19.8 DS_BUILD_FUSED_ADAM=1 DS_BUILD_CPU_ADAM=1 DS_BUILD_SHM_COMM=1 DS_BUILD_OPS=0 python setup.py bdist_wheel -d /opt/ops/wheel-cpu \
+         > /tmp/ds-cpu-build.log 2>&1; \
        then tail -60 /tmp/ds-cpu-build.log; exit 1; fi \
     && { grep -E "building '.*' extension|ninja: no work to do" /tmp/ds-cpu-build.log | sed 's/^ *//' || true; } \
     && /.in-ccache/ccache --print-stats | awk -F'\t' '{ s[$1] = $2 } END { h = s["direct_cache_hit"] + s["preprocessed_cache_hit"]; printf "ccache: %d of %d compiles from the cache\n", h, h + s["cache_miss"] }' \
