@@ -111,8 +111,8 @@ def phase_of(title: str) -> str:
         if name != "stage-0":
             return {"os": "OS packages + venv", "uv": "uv (build tool)", "torch": "torch download+install",
                     "ops": "DeepSpeed ops wheel", "ops-common": "CPU ops both wheels share",
-                    "ops-fetch": "ops inputs (download)", "python": "the rest (+ DeepSpeed)",
-                    "runtime": "image files"}.get(name, name)
+                    "ops-fetch": "ops inputs (download)", "ops-check": "ops checks", "ops-cpu-check": "ops checks",
+                    "python": "the rest (+ DeepSpeed)", "runtime": "image files"}.get(name, name)
     if "apt-get" in title or "-m venv" in title:
         return "OS packages + venv"
     if "torch==" in title:

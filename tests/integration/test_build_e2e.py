@@ -66,8 +66,8 @@ def test_the_cpu_ops_both_wheels_build_alike_were_compiled_once_and_reused_by_ni
     assert shared == ["deepspeed.ops.adam.cpu_adam_op"]
     common = step_output(ci_build["log"], "[ops-common 1/1] RUN ")
     assert f"building '{shared[0]}' extension" in common and "ninja: no work to do." not in common, common
-    for stage in ("ops 1/3", "ops-cpu 1/3"):
-        out = step_output(ci_build["log"], f"[{stage}] RUN ")
+    for stage in ("ops 1/", "ops-cpu 1/"):  # each stage's first step: DeepSpeed's build
+        out = step_output(ci_build["log"], f"[{stage}")
         built = [line for line in out if line.startswith("building '") or line.startswith("ninja: no work")]
         at = built.index(f"building '{shared[0]}' extension")
         assert built[at + 1:at + 2] == ["ninja: no work to do."], (stage, built)
@@ -77,10 +77,10 @@ def test_the_cpu_ops_both_wheels_build_alike_were_compiled_once_and_reused_by_ni
     # The CPU FusedAdam compiles CPUAdam's cpu_adam_impl.cpp again under its own -DTORCH_EXTENSION_NAME: ccache
     # (keyed on the preprocessed source) answers it from ops-common's compile; ops-common found nothing to reuse.
     counts = {stage: re.findall(r"^ccache: (\d+) of (\d+) compiles from the cache$",
-                                "\n".join(step_output(ci_build["log"], f"[{stage}] RUN ")), flags=re.M)
-              for stage in ("ops-common 1/1", "ops-cpu 1/3")}
-    assert counts["ops-common 1/1"] and counts["ops-common 1/1"][0][0] == "0", counts
-    assert counts["ops-cpu 1/3"] and int(counts["ops-cpu 1/3"][0][0]) >= 1, counts
+                                "\n".join(step_output(ci_build["log"], f"[{stage}")), flags=re.M)
+              for stage in ("ops-common 1/", "ops-cpu 1/")}
+    assert counts["ops-common 1/"] and counts["ops-common 1/"][0][0] == "0", counts
+    assert counts["ops-cpu 1/"] and int(counts["ops-cpu 1/"][0][0]) >= 1, counts
 
 
 def test_torch_and_its_cuda_libraries_are_two_layers_of_comparable_size(ci_build):

@@ -127,12 +127,23 @@ def test_no_install_step_holds_a_cache_lock_that_would_serialise_the_stages(dock
                 assert "sharing=locked" not in mount, f"{name}: {mount}"
 
 
-def test_the_gates_op_checker_comes_in_after_deepspeeds_compile(dockerfile):
+def test_the_gates_op_checker_comes_in_after_deepspeeds_compile_and_the_image_waits_for_it(dockerfile):
     # smoke/ops.py is the gate's code too: copied before the compile, every change to it rebuilt DeepSpeed's ops.
+    # The check is a stage of its own on the ops stage, so the python stage installs the wheel while it runs (3 s of
+    # the cold build's critical path), and the image's last step copies what it recorded: no check, no image.
+    parts = stages(dockerfile)
+    runtime = "\n".join(steps(parts["runtime"]))
     for name in ("ops", "ops-cpu"):
-        stage = stages(dockerfile).get(name)
-        if stage:
-            assert stage.index("setup.py bdist_wheel") < stage.index("COPY smoke/ops.py") < stage.index("ops.py verify")
+        if name not in parts:
+            continue
+        assert "setup.py bdist_wheel" in parts[name] and "smoke/ops.py" not in parts[name]
+        check = parts[f"{name}-check"]
+        assert re.search(rf"^FROM {name} AS {name}-check$", dockerfile, flags=re.M)
+        assert check.index("COPY smoke/ops.py") < check.index("ops.py verify") < check.index("--out /opt/ops/checked/ops.json")
+        assert f"--mount=type=bind,from={name}-check,source=/opt/ops/checked,target=/.in-{name}-check" in runtime
+        target = "ops" if name == "ops" else "ops-cpu"
+        assert f"cp /.in-{name}-check/ops.json /opt/train-image/{target}/ops.json" in runtime
+    assert "ops.json" not in "\n".join(steps(parts["python"]))
 
 
 def test_uv_is_bind_mounted_and_never_copied_into_the_image(dockerfile):
@@ -271,7 +282,7 @@ def test_the_cpu_accelerator_ops_build_beside_the_cuda_ops_and_only_their_wheel_
     cpu = parts["ops-cpu"] + (parts["ops-common"] if base == "ops-common" else "")
     assert "--from=ops " not in cpu and "from=ops," not in cpu and "nvcc" not in cpu  # waits for no CUDA build
     assert "DS_ACCELERATOR=cpu" in cpu and "DS_BUILD_SHM_COMM=1" in cpu and "'exec g++ \"$@\"'" in cpu
-    assert "--require-hashes" in cpu and "ops.py verify --accelerator cpu" in parts["ops-cpu"]
+    assert "--require-hashes" in cpu and "ops.py verify --accelerator cpu" in parts["ops-cpu-check"]
     assert "ENV DS_ACCELERATOR=cuda" in parts["ops"] and "DS_BUILD_SHM_COMM" not in parts["ops"]
     assert "wheel-cpu" not in parts["ops"]
     assert "--mount=type=bind,from=ops-cpu,source=/opt/ops/wheel-cpu,target=/.in-ops-cpu" in parts["python"]
@@ -306,7 +317,10 @@ def test_the_cpu_ops_both_wheels_build_alike_compile_once_and_ninja_decides_what
                          rf"-d /opt/ops/wheel{suffix} >", re.sub(r"\\\n\s*", "", parts[name]))
                for name, suffix in (("ops", ""), ("ops-cpu", "-cpu")))
     assert not any("pip wheel" in parts[name] for name in ("ops-common", "ops", "ops-cpu"))
-    build_vars = re.search(r"env -C \S+ ((?:DS_BUILD_\w+=1 )+)DS_BUILD_OPS=0 python setup.py bdist_wheel", common).group(1).split()
+    # ops-common keeps only the objects: it compiles them (build_ext) and builds no wheel to throw away.
+    build_vars = re.search(r"env -C \S+ ((?:DS_BUILD_\w+=1 )+)DS_BUILD_OPS=0 python setup.py build_ext >",
+                           re.sub(r"\\\n\s*", "", common)).group(1).split()
+    assert "bdist_wheel" not in common
     assert build_vars == [f"{op['build_var']}=1" for op in tc["shared_ops"]]
     assert "DS_ENABLE_NINJA=1" in common and "'exec g++ \"$@\"'" in common and tc["host_cxx"] == "g++"
     assert "/.ninja_log" in common  # a build without ninja fails here: nothing could be reused

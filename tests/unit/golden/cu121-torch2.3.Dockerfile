@@ -187,7 +187,7 @@ RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
 FROM nvidia/cuda:12.1.1-devel-ubuntu22.04 AS nvcc
 
 # DeepSpeed 0.15.1 with ops compiled ahead of time (fused_adam, cpu_adam), as a wheel: only the wheel
-# and ops.json (what was built) leave this stage. Its inputs are the base, torch.lock, the toolchain and ops.lock,
+# leaves this stage (ops-check below checks it). Its inputs are the base, torch.lock, the toolchain and ops.lock,
 # so entries with the same base, torch, CUDA and DeepSpeed share it, and a change of any other pin (or a commit)
 # reuses it. It runs beside the python stage.
 FROM torch AS ops
@@ -239,15 +239,21 @@ RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
     && { grep -E "building '.*' extension|ninja: no work to do" /tmp/ds-build.log | sed 's/^ *//' || true; } \
     && if grep -- '-march=native' /opt/ops/cc.log || ! grep -q -- '-march=x86-64-v3' /opt/ops/cc.log; then \
          echo "the CPU ops were not compiled through /opt/ops/bin/cc with -march=x86-64-v3" >&2; exit 1; fi
-# The checker comes in after the compile: a change to the gate's code re-runs this check, not DeepSpeed's build.
+
+# The ops stage's wheel, checked: the build fails unless every op is prebuilt for CUDA, loads, has exactly the asked
+# GPU archs and no AVX-512 (ds_report exits 0 whatever happened). ops.json records what was built, for the image's
+# gate and catalog; the image's last step copies it in, so nothing is published unchecked. A stage of its own: the
+# python stage installs the wheel meanwhile (measured 2026-12-07: the check took 3 s of the cold build's critical
+# path). The checker comes in after the compile: a change to the gate's code re-runs this check, not the build.
+FROM ops AS ops-check
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 COPY smoke/ops.py /opt/ops/ops.py
-# The stage fails unless every op is prebuilt for CUDA, loads, has exactly the asked GPU archs and no AVX-512
-# (ds_report exits 0 whatever happened). ops.json records what was built, for the image's gate and catalog.
 RUN pip install -q --no-cache-dir --no-deps --no-index /opt/ops/wheel/deepspeed-*.whl \
+    && mkdir -p /opt/ops/checked \
     && python /opt/ops/ops.py verify --ops '[{"name":"fused_adam","module":"deepspeed.ops.adam.fused_adam_op","cuda":true},{"name":"cpu_adam","module":"deepspeed.ops.adam.cpu_adam_op","cuda":false}]' --arch-list "$TORCH_CUDA_ARCH_LIST" \
          --cpu-target "-march=x86-64-v3 -D__AVX256__" \
          --nvcc "$(/usr/local/cuda/bin/nvcc --version | grep -o 'release [0-9.]*' | cut -d' ' -f2)" \
-         --nvcc-bytes "$(du -sb /usr/local/cuda | cut -f1)" --out /opt/ops/wheel/ops.json > /dev/null
+         --nvcc-bytes "$(du -sb /usr/local/cuda | cut -f1)" --out /opt/ops/checked/ops.json > /dev/null
 
 FROM torch AS python
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -278,8 +284,8 @@ RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
     && find / -xdev -newermt "@$t0" \( -type l -o -writable \) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +
 # DeepSpeed: the wheel the ops stage built from the hash-checked sdist in deepspeed.lock.
 # pip, not uv, for this local wheel: uv records the file's mtime in the dist-info (uv_cache.json), which differs
-# in every build (docs/reproducibility.md). The wheel is read from the ops stage in place: only ops.json (what was
-# built) is copied into the image.
+# in every build (docs/reproducibility.md). The wheel is read from the ops stage in place, while ops-check checks it;
+# its ops.json (what was built) comes in with the image's last step.
 RUN --mount=type=secret,id=pip_cert,target=/.secret-pip_cert,required=false \
     --mount=type=secret,id=pip_index_url,target=/.secret-pip_index_url,required=false \
     --mount=type=secret,id=pip_extra_index_url,target=/.secret-pip_extra_index_url,required=false \
@@ -293,7 +299,6 @@ RUN --mount=type=secret,id=pip_cert,target=/.secret-pip_cert,required=false \
     if [ -s /.secret-pip_extra_index_url ]; then PIP_EXTRA_INDEX_URL="$(cat /.secret-pip_extra_index_url)"; export PIP_EXTRA_INDEX_URL; fi; \
     mkdir -p /opt/train-image/locks && cp --no-preserve=ownership /.in-deepspeed.lock /opt/train-image/locks/deepspeed.lock && cp --no-preserve=ownership /.in-flash-attn.lock /opt/train-image/locks/flash-attn.lock || exit 1; \
     pip install --no-cache-dir --no-deps --no-index /.in-ops/deepspeed-*.whl \
-    && mkdir -p /opt/train-image/ops && cp /.in-ops/ops.json /opt/train-image/ops/ops.json \
     && pip install --no-cache-dir --require-hashes --no-deps -r /opt/train-image/locks/flash-attn.lock \
     && find / -xdev -newermt "@$t0" \( -type l -o -writable \) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +
 # nvcc in the image too (matrix `nvcc: true`), so other CUDA extensions can JIT-build.
@@ -328,11 +333,14 @@ FROM python AS runtime
 ARG SOURCE_DATE_EPOCH=315532800
 # What the image is (facts.json) and the gate that proves it trains (smoke), runnable on any host:
 #   docker run --rm --gpus all --shm-size=8g IMAGE smoke all
-# One step, so that a pin change (image.json) rewrites one small layer above the python stage.
+# One step, so that a pin change (image.json) rewrites one small layer above the python stage. It copies what the
+# ops checks recorded (ops.json), so no image is made from a wheel whose check failed.
 RUN --mount=type=bind,source=image.json,target=/.in-image.json \
     --mount=type=bind,source=smoke/,target=/.in-smoke- \
+    --mount=type=bind,from=ops-check,source=/opt/ops/checked,target=/.in-ops-check \
     t0=$(( $(date +%s) - 2 )); \
-    mkdir -p /opt/train-image/smoke /workspace \
+    mkdir -p /opt/train-image/smoke /opt/train-image/ops /workspace \
+    && cp /.in-ops-check/ops.json /opt/train-image/ops/ops.json \
     && cp --no-preserve=ownership /.in-image.json /opt/train-image/image.json \
     && cp -R --no-preserve=ownership /.in-smoke-/. /opt/train-image/smoke/ \
     && install -m 0755 /opt/train-image/smoke/bin/smoke /usr/local/bin/smoke \

@@ -188,8 +188,8 @@ RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
 # cpu_adam: DeepSpeed builds it alike for the CUDA and the CPU accelerator (the same builder, flags and
 # compiler), so it is compiled once, here, where both ops stages start, by DeepSpeed's own build in the tree both
 # build in. Each stage's build goes through torch's ninja backend, which reuses an object only where the command
-# it would run is the one its log records and no input is newer, and compiles any other again; the extension and
-# the wheel built here are removed, so each stage links its own. Measured 2026-12-06 on 2 cores: compiled in both
+# it would run is the one its log records and no input is newer, and compiles any other again; the extension
+# built here is removed, so each stage links its own. Measured 2026-12-06 on 2 cores: compiled in both
 # stages, CPUAdam's two sources took about 70 of the ~420 core-seconds the two stages spend.
 # Both CPU builds compile through ccache (build-tools.lock; its cache lives in these stages' layers, not the image):
 # torch names each op in its compile flags, so ninja compiles a source two ops share once for each, and ccache
@@ -219,17 +219,17 @@ RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
     && tar -xzf /.in-ops-fetch/deepspeed-0.19.8.tar.gz -C /opt/ops/src \
     && for d in /opt/venv/lib/python3.11/site-packages/torch/include /opt/venv/lib/python3.11/site-packages/nvidia; do [ ! -d "$d" ] || find "$d" -path '*/include/*' ! -type d \
          -newermt "@$SOURCE_DATE_EPOCH" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} + || exit 1; done \
-    && if ! env -C /opt/ops/src/deepspeed-0.19.8 DS_BUILD_CPU_ADAM=1 DS_BUILD_OPS=0 python setup.py bdist_wheel -d /tmp/ops-common \
+    && if ! env -C /opt/ops/src/deepspeed-0.19.8 DS_BUILD_CPU_ADAM=1 DS_BUILD_OPS=0 python setup.py build_ext \
          > /tmp/ds-common-build.log 2>&1; \
        then tail -60 /tmp/ds-common-build.log; exit 1; fi \
     && { grep -E "building '.*' extension|ninja: no work to do" /tmp/ds-common-build.log | sed 's/^ *//' || true; } \
     && /.in-ccache/ccache --print-stats | awk -F'\t' '{ s[$1] = $2 } END { h = s["direct_cache_hit"] + s["preprocessed_cache_hit"]; printf "ccache: %d of %d compiles from the cache\n", h, h + s["cache_miss"] }' \
     && if ! ls /opt/ops/src/deepspeed-0.19.8/build/temp.*/.ninja_log > /dev/null; then \
          echo "DeepSpeed's build did not run ninja: the ops stages would compile everything again" >&2; exit 1; fi \
-    && rm -r /tmp/ops-common && find /opt/ops/src/deepspeed-0.19.8/build -mindepth 1 -maxdepth 1 ! -name 'temp.*' -exec rm -r {} +
+    && find /opt/ops/src/deepspeed-0.19.8/build -mindepth 1 -maxdepth 1 ! -name 'temp.*' -exec rm -r {} +
 
 # DeepSpeed 0.19.8 with ops compiled ahead of time (fused_adam, cpu_adam), as a wheel: only the wheel
-# and ops.json (what was built) leave this stage. Its inputs are the base, torch.lock, the toolchain and ops.lock,
+# leaves this stage (ops-check below checks it). Its inputs are the base, torch.lock, the toolchain and ops.lock,
 # so entries with the same base, torch, CUDA and DeepSpeed share it, and a change of any other pin (or a commit)
 # reuses it. It runs beside the python stage.
 FROM ops-common AS ops
@@ -279,15 +279,21 @@ RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
     && { grep -E "building '.*' extension|ninja: no work to do" /tmp/ds-build.log | sed 's/^ *//' || true; } \
     && if grep -- '-march=native' /opt/ops/cc.log || ! grep -q -- '-march=x86-64-v3' /opt/ops/cc.log; then \
          echo "the CPU ops were not compiled through /opt/ops/bin/cc with -march=x86-64-v3" >&2; exit 1; fi
-# The checker comes in after the compile: a change to the gate's code re-runs this check, not DeepSpeed's build.
+
+# The ops stage's wheel, checked: the build fails unless every op is prebuilt for CUDA, loads, has exactly the asked
+# GPU archs and no AVX-512 (ds_report exits 0 whatever happened). ops.json records what was built, for the image's
+# gate and catalog; the image's last step copies it in, so nothing is published unchecked. A stage of its own: the
+# python stage installs the wheel meanwhile (measured 2026-12-07: the check took 3 s of the cold build's critical
+# path). The checker comes in after the compile: a change to the gate's code re-runs this check, not the build.
+FROM ops AS ops-check
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 COPY smoke/ops.py /opt/ops/ops.py
-# The stage fails unless every op is prebuilt for CUDA, loads, has exactly the asked GPU archs and no AVX-512
-# (ds_report exits 0 whatever happened). ops.json records what was built, for the image's gate and catalog.
 RUN pip install -q --no-cache-dir --no-deps --no-index /opt/ops/wheel/deepspeed-*.whl \
+    && mkdir -p /opt/ops/checked \
     && python /opt/ops/ops.py verify --ops '[{"name":"fused_adam","module":"deepspeed.ops.adam.fused_adam_op","cuda":true},{"name":"cpu_adam","module":"deepspeed.ops.adam.cpu_adam_op","cuda":false}]' --arch-list "$TORCH_CUDA_ARCH_LIST" \
          --cpu-target "-march=x86-64-v3 -D__AVX256__" \
          --nvcc "$(/opt/venv/lib/python3.11/site-packages/nvidia/cu13/bin/nvcc --version | grep -o 'release [0-9.]*' | cut -d' ' -f2)" \
-         --nvcc-bytes "$(( $(du -sb /opt/venv/lib/python3.11/site-packages/nvidia/cu13 | cut -f1) - $(cat /opt/ops/cuda-home-bytes) ))" --out /opt/ops/wheel/ops.json > /dev/null
+         --nvcc-bytes "$(( $(du -sb /opt/venv/lib/python3.11/site-packages/nvidia/cu13 | cut -f1) - $(cat /opt/ops/cuda-home-bytes) ))" --out /opt/ops/checked/ops.json > /dev/null
 
 # DeepSpeed's CPU accelerator (DS_ACCELERATOR=cpu) loads a prebuilt op only from a wheel built for it, and its op
 # modules carry the CUDA ops' names: a second wheel from the same hash-checked sdist (fused_adam, cpu_adam, deepspeed_shm_comm),
@@ -316,11 +322,15 @@ RUN --mount=type=bind,from=uv,source=/opt/uv/bin/ccache,target=/.in-ccache/ccach
     && /.in-ccache/ccache --print-stats | awk -F'\t' '{ s[$1] = $2 } END { h = s["direct_cache_hit"] + s["preprocessed_cache_hit"]; printf "ccache: %d of %d compiles from the cache\n", h, h + s["cache_miss"] }' \
     && if grep -- '-march=native' /opt/ops/cc.log || ! grep -q -- '-march=x86-64-v3' /opt/ops/cc.log; then \
          echo "the CPU-accelerator ops were not compiled through /opt/ops/bin/cc with -march=x86-64-v3" >&2; exit 1; fi
+
+# The CPU-accelerator wheel, checked the same way (ops-check), beside the python stage.
+FROM ops-cpu AS ops-cpu-check
 COPY smoke/ops.py /opt/ops/ops.py
 RUN pip install -q --no-cache-dir --no-deps --no-index --target /tmp/cpu-site /opt/ops/wheel-cpu/deepspeed-*.whl \
+    && mkdir -p /opt/ops/checked \
     && PYTHONPATH=/tmp/cpu-site python /opt/ops/ops.py verify --accelerator cpu \
          --ops '[{"name":"fused_adam","module":"deepspeed.ops.adam.fused_adam_op","cuda":false,"avx512_dispatched":false},{"name":"cpu_adam","module":"deepspeed.ops.adam.cpu_adam_op","cuda":false,"avx512_dispatched":false},{"name":"deepspeed_shm_comm","module":"deepspeed.ops.comm.deepspeed_shm_comm_op","cuda":false,"avx512_dispatched":true}]' --cpu-target "-march=x86-64-v3 -D__AVX256__" \
-         --out /opt/ops/wheel-cpu/ops.json > /dev/null \
+         --out /opt/ops/checked/ops.json > /dev/null \
     && rm -rf /tmp/cpu-site
 
 FROM torch AS python
@@ -352,15 +362,14 @@ RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
     && find / -xdev -newermt "@$t0" \( -type l -o -writable \) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +
 # DeepSpeed: the wheel the ops stage built from the hash-checked sdist in deepspeed.lock.
 # pip, not uv, for this local wheel: uv records the file's mtime in the dist-info (uv_cache.json), which differs
-# in every build (docs/reproducibility.md). The wheel is read from the ops stage in place: only ops.json (what was
-# built) is copied into the image.
+# in every build (docs/reproducibility.md). The wheel is read from the ops stage in place, while ops-check checks it;
+# its ops.json (what was built) comes in with the image's last step.
 RUN --mount=type=bind,source=deepspeed.lock,target=/.in-deepspeed.lock \
     --mount=type=bind,from=ops,source=/opt/ops/wheel,target=/.in-ops \
     t0=$(( $(date +%s) - 2 )); \
     export PYTHONHASHSEED=0; \
     mkdir -p /opt/train-image/locks && cp --no-preserve=ownership /.in-deepspeed.lock /opt/train-image/locks/deepspeed.lock || exit 1; \
     pip install --no-cache-dir --no-deps --no-index /.in-ops/deepspeed-*.whl \
-    && mkdir -p /opt/train-image/ops && cp /.in-ops/ops.json /opt/train-image/ops/ops.json \
     && find / -xdev -newermt "@$t0" \( -type l -o -writable \) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +
 # DeepSpeed built for the CPU accelerator, beside the CUDA build: a .pth file (site's standard hook) puts it first
 # on sys.path only when DS_ACCELERATOR=cpu, so a GPU-less host finds its ops prebuilt (no compiler, no writable
@@ -372,7 +381,6 @@ RUN --mount=type=bind,source=compile-new.py,target=/.in-compile-new.py \
     t0=$(( $(date +%s) - 2 )); \
     pip install --no-cache-dir --no-deps --no-index --no-compile --target /opt/deepspeed-cpu /.in-ops-cpu/deepspeed-*.whl \
     && rm -r /opt/deepspeed-cpu/bin \
-    && mkdir -p /opt/train-image/ops-cpu && cp /.in-ops-cpu/ops.json /opt/train-image/ops-cpu/ops.json \
     && : > /tmp/site.before && python -S /.in-compile-new.py /opt/deepspeed-cpu /tmp/site.before \
     && rm /tmp/site.before \
     && printf '%s\n' 'import os, sys; os.environ.get("DS_ACCELERATOR") == "cpu" and sys.path.insert(0, "/opt/deepspeed-cpu")' \
@@ -404,11 +412,16 @@ FROM python AS runtime
 ARG SOURCE_DATE_EPOCH=315532800
 # What the image is (facts.json) and the gate that proves it trains (smoke), runnable on any host:
 #   docker run --rm --gpus all --shm-size=8g IMAGE smoke all
-# One step, so that a pin change (image.json) rewrites one small layer above the python stage.
+# One step, so that a pin change (image.json) rewrites one small layer above the python stage. It copies what the
+# ops checks recorded (ops.json), so no image is made from a wheel whose check failed.
 RUN --mount=type=bind,source=image.json,target=/.in-image.json \
     --mount=type=bind,source=smoke/,target=/.in-smoke- \
+    --mount=type=bind,from=ops-check,source=/opt/ops/checked,target=/.in-ops-check \
+    --mount=type=bind,from=ops-cpu-check,source=/opt/ops/checked,target=/.in-ops-cpu-check \
     t0=$(( $(date +%s) - 2 )); \
-    mkdir -p /opt/train-image/smoke /workspace \
+    mkdir -p /opt/train-image/smoke /opt/train-image/ops /workspace \
+    && cp /.in-ops-check/ops.json /opt/train-image/ops/ops.json \
+    && mkdir -p /opt/train-image/ops-cpu && cp /.in-ops-cpu-check/ops.json /opt/train-image/ops-cpu/ops.json \
     && cp --no-preserve=ownership /.in-image.json /opt/train-image/image.json \
     && cp -R --no-preserve=ownership /.in-smoke-/. /opt/train-image/smoke/ \
     && install -m 0755 /opt/train-image/smoke/bin/smoke /usr/local/bin/smoke \
