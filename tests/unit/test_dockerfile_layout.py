@@ -409,3 +409,20 @@ def test_every_shipped_step_dates_what_it_wrote_so_its_layer_is_the_same_bytes_i
             assert 't0=$(( $(date +%s) - 2 ))' in run and run.rstrip().endswith(LAYER_END), (name, run[:200])
         for target in re.findall(r"target=([^ ,\\]+)", parts[name]):
             assert re.fullmatch(r"/\.[a-z][\w.-]*(?:/uv)?|/var/lib/apt/lists|/var/cache/apt", target), (name, target)
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.tag)
+def test_deepspeeds_builds_run_without_py_cpuinfo_and_the_image_keeps_it(entry):
+    """py-cpuinfo's get_cpu_info() sleeps 1 s in a subprocess to measure the clock, and DeepSpeed's CPU op builders
+    call it twice per op before anything compiles (2.2 s each, measured); without it they read lscpu, and the
+    wheel is byte-identical. Every stage that installs ops.lock removes it before DeepSpeed's setup.py runs; the
+    image installs it (DeepSpeed imports it at run time)."""
+    dockerfile = render.render_entry(entry)["Dockerfile"]
+    parts = stages(dockerfile)
+    installing = [name for name, text in parts.items() if "-r /.in-ops.lock" in text and name != "ops-fetch"]
+    assert installing
+    for name in installing:
+        text = re.sub(r"\\\n\s*", "", parts[name])
+        assert re.search(r"-r /\.in-ops\.lock && uv pip uninstall -q py-cpuinfo && ", text), name
+        assert text.index("uv pip uninstall -q py-cpuinfo") < text.index("python setup.py"), name
+    assert "py-cpuinfo" in lockfile.parse_blocks((ROOT / "locks" / entry.tag / lockfile.LOCK).read_text())

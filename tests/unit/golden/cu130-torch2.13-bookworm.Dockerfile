@@ -215,7 +215,7 @@ RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
     mkdir -p /opt/ops/bin /opt/ops/src \
     && printf '%s\n' '#!/bin/sh' 'for a do shift; case "$a" in -march=native) a=-march=x86-64-v3;; -D__AVX512__|-D__AVX256__|-D__SCALAR__) a=-D__AVX256__;; -g) continue;; esac; set -- "$@" "$a"; done' 'echo "$*" >> /opt/ops/cc.log' '[ -z "${CCACHE_DIR:-}" ] || exec /.in-ccache/ccache g++ "$@"' 'exec g++ "$@"' > /opt/ops/bin/cc \
     && chmod 0755 /opt/ops/bin/cc \
-    && uv pip install --offline --no-index --find-links /.in-ops-fetch --require-hashes --no-deps -r /.in-ops.lock \
+    && uv pip install --offline --no-index --find-links /.in-ops-fetch --require-hashes --no-deps -r /.in-ops.lock && uv pip uninstall -q py-cpuinfo \
     && tar -xzf /.in-ops-fetch/deepspeed-0.19.8.tar.gz -C /opt/ops/src \
     && for d in /opt/venv/lib/python3.11/site-packages/torch/include /opt/venv/lib/python3.11/site-packages/nvidia; do [ ! -d "$d" ] || find "$d" -path '*/include/*' ! -type d \
          -newermt "@$SOURCE_DATE_EPOCH" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} + || exit 1; done \
@@ -231,7 +231,10 @@ RUN --mount=type=cache,id=uv-cache,target=/.uv-cache,sharing=shared \
 # DeepSpeed 0.19.8 with ops compiled ahead of time (fused_adam, cpu_adam), as a wheel: only the wheel
 # leaves this stage (ops-check below checks it). Its inputs are the base, torch.lock, the toolchain and ops.lock,
 # so entries with the same base, torch, CUDA and DeepSpeed share it, and a change of any other pin (or a commit)
-# reuses it. It runs beside the python stage.
+# reuses it. It runs beside the python stage. The DeepSpeed builds here run without py-cpuinfo (ops.lock lists it;
+# it is removed after the install): DeepSpeed's CPU op builders call it twice per op, and each call sleeps 1 s to
+# measure the clock; DeepSpeed then reads the same flags from lscpu, and CC replaces them anyway (the wheel is the
+# same bytes, measured). The image has py-cpuinfo: DeepSpeed uses it at run time.
 FROM ops-common AS ops
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG SOURCE_DATE_EPOCH=315532800
