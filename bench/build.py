@@ -240,6 +240,28 @@ def show(side: str, phase: str, seconds: float, lines: list[str], ref: str, resu
         print(f"        {name:32} {secs:7.1f} s   {ran} step(s) run, {cached} cached", flush=True)
     if side == "ours" and phase != "unchanged matrix":
         print(f"        {'builder: verify image + report':32} {post:7.1f} s   (after BuildKit's last step)")
+        if phase != "cold":  # where a short build's seconds go, in the order they pass
+            print("        timeline: " + " · ".join(f"{at:.1f} {what}" for at, what in timeline(lines)), flush=True)
+
+
+def timeline(lines: list[str]) -> list[tuple[float, str]]:
+    """When (seconds after the command started) BuildKit's first line came, each step that ran started and ended,
+    the export ended, and the builder's image check began: a pin change is a few seconds of fixed work, and a run
+    that is slower says where."""
+    marks, started = [], set()
+    cached = {m.group(1) for m in map(STEP_RE.match, lines) if m and m.group(2) == "CACHED"}
+    for line in lines:
+        at, m = ARRIVED.get(id(line), 0.0), STEP_RE.match(line)
+        if m and not marks:
+            marks.append((at, "BuildKit"))
+        if m and re.match(r"\[[\w-]+ \d+/\d+\] RUN ", m.group(2)) and m.group(1) not in started | cached:
+            started.add(m.group(1))
+            marks.append((at, m.group(2).split("]")[0] + "]"))
+        elif m and DONE_RE.match(m.group(2)) and m.group(1) in started:
+            marks.append((at, f"#{m.group(1)} done"))
+        elif line.startswith("+ docker run"):
+            marks.append((at, "image check"))
+    return marks
 
 
 def main() -> None:
