@@ -42,12 +42,13 @@ def test_the_python_stage_installs_what_the_pins_need_before_it_needs_the_ops_wh
     assert python.index("-r /.in-requirements-deps.lock") < python.index("from=ops,")
 
 
-def test_a_change_of_one_pin_reruns_three_small_steps_and_no_secret_step_on_a_new_layer(dockerfile):
+def test_a_change_of_one_pin_reruns_the_pins_stage_and_one_last_step_and_no_secret_step_on_a_new_layer(dockerfile):
     """peft 0.21.2 -> 0.21.1 changes requirements-pins.lock, requirements.lock and image.json. The pins stage installs
-    the pins on the OS layer (its secret step hashes that, not torch's ~5 GB: BuildKit before v0.16); the python
-    stage's last step copies them in, reaching no index and so mounting no secret; the runtime stage is one step.
+    the pins on the OS layer (its secret step hashes that, not torch's ~5 GB: BuildKit before v0.16); the image's
+    last step copies them in with the image's own files, reaching no index and so mounting no secret.
     Measured 2026-12-06: 40 s for such a build before, when the whole lock, DeepSpeed and the image files reinstalled;
-    20.2 s with the pins installed in the python stage's last step, on Docker 26.1."""
+    20.2 s with the pins installed in the python stage's last step, on Docker 26.1; one step for the pins and the
+    image files was 0.5 s less than two (2026-12-07)."""
     parts = stages(dockerfile)
     assert re.search(r"^FROM os AS pins$", dockerfile, flags=re.M)
     fetch, *warm = [s for s in steps(parts["pins"]) if s.startswith("RUN ")]
@@ -56,18 +57,19 @@ def test_a_change_of_one_pin_reruns_three_small_steps_and_no_secret_step_on_a_ne
     assert len(warm) == 1 and "--warm" in warm[0] and "type=secret" not in warm[0]  # the bytecode into the cache
 
     python, runtime = steps(parts["python"]), steps(parts["runtime"])
-    runs = [s for s in python if s.startswith("RUN ")]
-    changed = [s for s in runs if re.search(r"source=(requirements-pins|requirements|image)\.(lock|json),|from=pins,", s)]
-    assert changed == [runs[-1]] and "from=pins,source=/opt/pins," in runs[-1]
-    assert "uv pip check --no-cache --python /opt/venv/bin/python" in runs[-1]  # uv's check: 0.1 s, pip's 1.5 s
-    assert "type=secret" not in runs[-1] and "uv pip install" not in runs[-1]
+    changed = [s for s in python if re.search(r"source=(requirements-pins|requirements|image)\.(lock|json),|from=pins,", s)]
+    assert changed == []
+    runs = [s for s in runtime if s.startswith("RUN ")]
+    assert len(runs) == 1
+    last = runs[0]
+    assert "from=pins,source=/opt/pins," in last and "source=image.json," in last and "source=smoke/," in last
+    assert "uv pip check --no-cache --python /opt/venv/bin/python" in last  # uv's check: 0.1 s, pip's 1.5 s
+    assert "type=secret" not in last and "uv pip install" not in last
     # transformers' bytecode comes from the cache mount when its source and path are what was compiled before
-    assert "type=cache,id=pyc-cache,target=/.pyc-cache," in runs[-1] and "/tmp/site.before /.pyc-cache" in runs[-1]
-    assert "source=requirements.lock," in runs[-1]  # the whole lock still goes into the image
-    assert [s for s in runtime if s.startswith("RUN ")] == [s for s in runtime if "source=image.json," in s]
-    assert len([s for s in runtime if s.startswith("RUN ")]) == 1
+    assert "type=cache,id=pyc-cache,target=/.pyc-cache," in last and "/tmp/site.before /.pyc-cache" in last
+    assert "source=requirements.lock," in last  # the whole lock still goes into the image
     for name, stage in parts.items():  # nothing else reads the pins
-        if name not in ("pins", "python"):
+        if name not in ("pins", "runtime"):
             text = "\n".join(steps(stage))
             assert "requirements-pins" not in text and "from=pins" not in text, name
 
@@ -204,7 +206,7 @@ def test_bytecode_is_compiled_for_new_files_only_and_hash_checked(dockerfile):
 
 
 def test_the_pins_bytecode_is_put_in_the_cache_beside_torchs_download_for_the_last_step_to_take(dockerfile):
-    """The python stage's last step compiled the pins' ~3,200 files at the end of every cold build (4 s on 2 cores):
+    """The image's last step compiled the pins' ~3,200 files at the end of every cold build (4 s on 2 cores):
     the pins stage, which runs beside torch's download, compiles them into the cache as at their venv paths, and
     the last step reads the same cache with the same interpreter."""
     parts = stages(dockerfile)
@@ -212,7 +214,7 @@ def test_the_pins_bytecode_is_put_in_the_cache_beside_torchs_download_for_the_la
                      parts["pins"], flags=re.M)
     assert site and site.group(1) == site.group(2).replace("/opt/venv/", "/opt/pins/", 1)
     mount = "--mount=type=cache,id=pyc-cache,target=/.pyc-cache,sharing=shared"
-    last = steps(parts["python"])[-1]
+    last = [s for s in steps(parts["runtime"]) if s.startswith("RUN ")][-1]
     assert mount in parts["pins"] and mount in last and "--mount=type=bind,from=pins," in last
     assert f"python -S /.in-compile-new.py {site.group(2)} /tmp/site.before /.pyc-cache" in last
 
@@ -223,7 +225,7 @@ def test_no_package_code_runs_in_a_step_that_mounts_the_bytecode_cache(dockerfil
     So the cache is mounted only where compile-new.py, which compiles and never imports, is what runs."""
     mount = "--mount=type=cache,id=pyc-cache,"
     using = [s for stage in stages(dockerfile).values() for s in steps(stage) if mount in s]
-    assert len(using) == 2  # the pins stage's warm-up, the python stage's last step
+    assert len(using) == 2  # the pins stage's warm-up, the image's last step
     for step in using:
         assert not re.search(r"\bpip (install|wheel|download)\b|\bsetup\.py\b|\bimport\b", step), step
         assert "python -S /.in-compile-new.py" in step

@@ -389,19 +389,31 @@ RUN --mount=type=bind,source=compile-new.py,target=/.in-compile-new.py \
     && printf '%s\n' 'import os, sys; os.environ.get("DS_ACCELERATOR") == "cpu" and sys.path.insert(0, "/opt/deepspeed-cpu")' \
        > /opt/venv/lib/python3.11/site-packages/train-image-deepspeed-cpu.pth \
     && find / -xdev -newermt "@$t0" \( -type l -o -writable \) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +
-# The matrix's own pins last (the pins stage installed them): a change of one of them reruns that stage and this
-# step, on layers it leaves as they were. It reaches no index, so it mounts no secret (see `secrets`). The files go
-# in as the pins stage's install wrote them (its prefix is this venv's layout); their bytecode is compiled here.
-# The whole requirements.lock goes into the image. The dependency check is uv's (0.1 s; pip's own takes 1.5 s of
-# every pin change, measured 2026-12-06): the builder runs pip's on the finished image too (smoke/installed.py).
-# The bytecode of files compiled before at the same path comes from a cache mount (compile-new.py): a change of one
-# pin reinstalls them all, and transformers' ~3,200 files took 5 s to compile on 2 cores. The pins stage put the
-# bytecode of what it installed there first (`--warm`), beside torch's download, so a cold build takes it too.
+
+FROM python AS runtime
+ARG SOURCE_DATE_EPOCH=315532800
+# The matrix's own pins (the pins stage installed them), what the image is (image.json) and the gate that proves it
+# trains (smoke), runnable on any host:
+#   docker run --rm --gpus all --shm-size=8g IMAGE smoke all
+# One step, last: a change of one pin reruns the pins stage and this step, on layers it leaves as they were, and
+# rewrites one layer (the pins change image.json too; two steps were 0.5 s more of every pin change, measured
+# 2026-12-07). It reaches no index, so it mounts no secret (see `secrets`). The pins go in as the pins stage's install
+# wrote them (its prefix is this venv's layout); their bytecode is compiled here, from a cache mount for files
+# compiled before at the same path (compile-new.py): a change of one pin reinstalls them all, and transformers'
+# ~3,200 files took 5 s to compile on 2 cores. The pins stage put the bytecode of what it installed there first
+# (`--warm`), beside torch's download, so a cold build takes it too. The whole requirements.lock goes into the image.
+# The dependency check is uv's (0.1 s; pip's own takes 1.5 s, measured 2026-12-06): the builder runs pip's on the
+# finished image too (smoke/installed.py). The step copies what the ops checks recorded (ops.json), so no image is
+# made from a wheel whose check failed.
 RUN --mount=type=bind,source=compile-new.py,target=/.in-compile-new.py \
     --mount=type=bind,source=requirements.lock,target=/.in-requirements.lock \
     --mount=type=bind,from=pins,source=/opt/pins,target=/.in-pins \
     --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/.in-bin/uv \
     --mount=type=cache,id=pyc-cache,target=/.pyc-cache,sharing=shared \
+    --mount=type=bind,source=image.json,target=/.in-image.json \
+    --mount=type=bind,source=smoke/,target=/.in-smoke- \
+    --mount=type=bind,from=ops-check,source=/opt/ops/checked,target=/.in-ops-check \
+    --mount=type=bind,from=ops-cpu-check,source=/opt/ops/checked,target=/.in-ops-cpu-check \
     t0=$(( $(date +%s) - 2 )); \
     mkdir -p /opt/train-image/locks && cp --no-preserve=ownership /.in-requirements.lock /opt/train-image/locks/requirements.lock || exit 1; \
     ls -A /opt/venv/lib/python3.11/site-packages > /tmp/site.before; \
@@ -409,20 +421,7 @@ RUN --mount=type=bind,source=compile-new.py,target=/.in-compile-new.py \
     && python -S /.in-compile-new.py /opt/venv/lib/python3.11/site-packages /tmp/site.before /.pyc-cache \
     && rm /tmp/site.before \
     && /.in-bin/uv pip check --no-cache --python /opt/venv/bin/python \
-    && find / -xdev -newermt "@$t0" \( -type l -o -writable \) -exec touch -h -d "@${SOURCE_DATE_EPOCH:?}" {} +
-
-FROM python AS runtime
-ARG SOURCE_DATE_EPOCH=315532800
-# What the image is (facts.json) and the gate that proves it trains (smoke), runnable on any host:
-#   docker run --rm --gpus all --shm-size=8g IMAGE smoke all
-# One step, so that a pin change (image.json) rewrites one small layer above the python stage. It copies what the
-# ops checks recorded (ops.json), so no image is made from a wheel whose check failed.
-RUN --mount=type=bind,source=image.json,target=/.in-image.json \
-    --mount=type=bind,source=smoke/,target=/.in-smoke- \
-    --mount=type=bind,from=ops-check,source=/opt/ops/checked,target=/.in-ops-check \
-    --mount=type=bind,from=ops-cpu-check,source=/opt/ops/checked,target=/.in-ops-cpu-check \
-    t0=$(( $(date +%s) - 2 )); \
-    mkdir -p /opt/train-image/smoke /opt/train-image/ops /workspace \
+    && mkdir -p /opt/train-image/smoke /opt/train-image/ops /workspace \
     && cp /.in-ops-check/ops.json /opt/train-image/ops/ops.json \
     && mkdir -p /opt/train-image/ops-cpu && cp /.in-ops-cpu-check/ops.json /opt/train-image/ops-cpu/ops.json \
     && cp --no-preserve=ownership /.in-image.json /opt/train-image/image.json \
