@@ -240,8 +240,9 @@ def show(side: str, phase: str, seconds: float, lines: list[str], ref: str, resu
         print(f"        {name:32} {secs:7.1f} s   {ran} step(s) run, {cached} cached", flush=True)
     if side == "ours" and phase != "unchanged matrix":
         print(f"        {'builder: verify image + report':32} {post:7.1f} s   (after BuildKit's last step)")
-        if phase != "cold":  # where a short build's seconds go, in the order they pass
-            print("        timeline: " + " · ".join(f"{at:.1f} {what}" for at, what in timeline(lines)), flush=True)
+        marks = timeline(lines) if phase != "cold" else []  # where a short build's seconds go, in their order
+        if marks:
+            print("        timeline: " + " · ".join(f"{at:.1f} {what}" for at, what in marks), flush=True)
 
 
 def timeline(lines: list[str]) -> list[tuple[float, str]]:
