@@ -129,14 +129,6 @@ def sdk():
     return api
 
 
-def another_sdk():
-    """A second SDK client to the engine sdk() checked, for a thread of its own: requests does not promise that one
-    session serves two threads at once."""
-    import docker
-
-    return _bounded(docker.from_env(version=sdk().api.api_version, timeout=600))
-
-
 def _versions(answer) -> tuple[str, str]:
     """(engine version MAJOR.MINOR, API version) from GET /version, or exit 3 saying what came instead."""
     server = answer.get("Version") if isinstance(answer, dict) else None
@@ -199,40 +191,25 @@ def rewrites_timestamps() -> bool:
 
 
 @contextmanager
-def holding(ref: str, hold: str) -> Iterator[Callable[[], None]]:
+def holding(ref: str, hold: str) -> Iterator[None]:
     """Keep the image `ref` names now alive under the name `hold` while the block runs. A build moves `ref`; with
     the containerd image store the image it replaced is deleted at once (20.10 keeps it, unnamed), and the size
     budget could not say what grew since it. Afterwards only the name goes: the image too where nothing else
-    names it. The block gets `release`: once the held image is no longer needed, it starts that removal beside
-    what the block does next (with the containerd store it deletes the image: 0.65 s of every pin change, measured
-    2026-12-07, which went before the image check); the block's end waits for it."""
+    names it."""
     found = image_or_none(ref)
     if found is not None:
         repository, tag = hold.rsplit(":", 1)
         with answering(f"while naming {ref} {hold}"):
             found.tag(repository, tag)
-    removal: list[threading.Thread] = []
-
-    def release() -> None:
-        if found is not None and not removal:
-            removal.append(threading.Thread(target=_unname, args=(hold,), daemon=True))
-            removal[0].start()
-
     try:
-        yield release
+        yield
     finally:
-        release()
-        for thread in removal:
-            thread.join()
-
-
-def _unname(hold: str) -> None:
-    """Remove the name `hold`, with a client of its own (it runs beside the caller's requests on sdk()'s)."""
-    try:
-        with answering(f"while removing the name {hold}"):
-            another_sdk().images.remove(hold)
-    except Exception as exc:  # noqa: BLE001 - a name left behind is harmless; the build's own error matters
-        log.info(f"warning: the name {hold} was left ({_reason(exc)}); `docker rmi {hold}` removes it")
+        if found is not None:
+            try:
+                with answering(f"while removing the name {hold}"):
+                    sdk().images.remove(hold)
+            except Exception as exc:  # noqa: BLE001 - a name left behind is harmless; the build's own error matters
+                log.info(f"warning: the name {hold} was left ({_reason(exc)}); `docker rmi {hold}` removes it")
 
 
 def describe() -> dict:

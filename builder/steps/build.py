@@ -110,7 +110,7 @@ def run(entry: Entry, options: Options) -> Done:
                                   image_exists=lambda ref: engine.image_or_none(ref) is not None)
     log.info("  sources: " + ", ".join(f"{c['source']} {log.mark(c['ok'])}" for c in checked["checked"]))
     facts = json.loads((staged / "image.json").read_text())
-    with engine.holding(spec.ref, paths.previous_ref(entry)) as release:  # what the size budget compares with
+    with engine.holding(spec.ref, paths.previous_ref(entry)):  # what the size budget compares with
         code, output, shown = buildkit.run(spec, buildkit.labels(spec, facts, digest), options.inputs,
                                            provenance=paths.buildkit_provenance(entry.tag))
         base = {"ref": spec.base_ref, "substituted": spec.base_substituted, "image_id": spec.base_id}
@@ -122,12 +122,9 @@ def run(entry: Entry, options: Options) -> Done:
             raise (EnvironmentProblem if environmental else StepFailed)(f"{entry.tag}: {message}", hint)
         with engine.answering("after the build"):
             image = engine.sdk().images.get(spec.ref)
-        over = diff.over_budget(entry, image, baselines)  # the last use of the replaced image, which then goes
-        release()
-        with engine.answering("after the build"):
             found = inspect.installed(spec.ref)
         mismatches = inspect.problems(facts, found)
-        over = None if mismatches else over
+        over = None if mismatches else diff.over_budget(entry, image, baselines)
     report = {
         "result": "failed" if mismatches or over else "built", **({"error": over} if over else {}),
         "image": spec.ref, "image_id": image.id, "size_bytes": image.attrs.get("Size"),

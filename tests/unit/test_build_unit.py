@@ -358,39 +358,13 @@ def test_the_image_a_build_replaces_is_named_only_while_the_build_runs(monkeypat
             raise RuntimeError("engine gone")
 
     monkeypatch.setattr(engine, "image_or_none", lambda ref: old if ref == "r/x:t" else None)
-    monkeypatch.setattr(engine, "another_sdk", lambda: SimpleNamespace(images=SimpleNamespace(remove=remove)))
+    monkeypatch.setattr(engine, "sdk", lambda: SimpleNamespace(images=SimpleNamespace(remove=remove)))
     with pytest.raises(KeyError), engine.holding("r/x:t", "r/x:t-previous"):
         events.append(("build",))
         raise KeyError("the build failed")
     assert events == [("tag", "r/x:t-previous"), ("build",), ("remove", "r/x:t-previous")]
     assert ("the name r/x:t-previous was left" in capsys.readouterr().err) is fails
     events.clear()
-    with engine.holding("r/y:t", "r/y:t-previous") as release:  # no image yet: nothing named, nothing removed
+    with engine.holding("r/y:t", "r/y:t-previous"):  # no image yet: nothing named, nothing removed
         events.append(("build",))
-        release()
     assert events == [("build",)]
-
-
-def test_the_replaced_image_goes_beside_what_the_build_does_after_it_is_released(monkeypatch):
-    """release() starts the removal of the held name at once, while the block goes on (the image check), and the
-    block's end waits for it: the name is gone when build returns, and removed once only."""
-    import threading
-    from types import SimpleNamespace
-
-    events, removing, checked = [], threading.Event(), threading.Event()
-
-    def remove(ref):
-        events.append(("remove", ref))
-        removing.set()
-        assert checked.wait(5), "the block's end did not wait for the removal"
-
-    old = SimpleNamespace(id="sha256:" + "a" * 64, tag=lambda repo, tag: events.append(("tag", f"{repo}:{tag}")))
-    monkeypatch.setattr(engine, "image_or_none", lambda ref: old)
-    monkeypatch.setattr(engine, "another_sdk", lambda: SimpleNamespace(images=SimpleNamespace(remove=remove)))
-    with engine.holding("r/x:t", "r/x:t-previous") as release:
-        release()
-        assert removing.wait(5), "release() did not start the removal while the block runs"
-        events.append(("check",))  # the image check, while the removal is still under way
-        release()  # a second call removes nothing more
-        checked.set()
-    assert events == [("tag", "r/x:t-previous"), ("remove", "r/x:t-previous"), ("check",)]
