@@ -28,5 +28,17 @@ def project(name: str) -> dict:
 def wheel_metadata(name: str, wheel: dict) -> str:
     """The wheel's core metadata (`<file URL>.metadata`, PEP 658); OSError (web.Failed) when the index has none:
     files uploaded before 2023 often lack it, and the JSON API's `core-metadata` flag is unreliable behind mirrors."""
-    url = urljoin(JSON_URL.format(name=name), wheel["url"]) + ".metadata"
+    url = file_url(name, wheel) + ".metadata"
     return web.get(url, timeout=TIMEOUT_S).decode("utf-8", "replace")
+
+
+def file_url(name: str, file: dict) -> str:
+    """A release file's absolute URL: a mirror of PyPI's JSON API may give it relative to the document."""
+    return urljoin(JSON_URL.format(name=name), file["url"])
+
+
+def fetch_file(name: str, file: dict):
+    """A release file (an entry of the project document's `releases`) from the artifact cache, sha256-checked."""
+    from builder.boundary import artifacts
+
+    return artifacts.fetch(file_url(name, file), file["digests"]["sha256"], file["filename"])

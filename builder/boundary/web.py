@@ -89,6 +89,16 @@ def sha256(url: str, *, timeout: float = 60, limit: int = MAX_DOWNLOAD) -> str:
     return digest.hexdigest()
 
 
+def download(url: str, dest, *, timeout: float = 60, limit: int = MAX_DOWNLOAD) -> str:
+    """Stream the file at `url` into the open binary file `dest`; its sha256. Failed when it cannot be fetched."""
+    digest = hashlib.sha256()
+    with _answer(url, "GET", timeout) as resp:
+        for chunk in _body(resp, url, limit):
+            digest.update(chunk)
+            dest.write(chunk)
+    return digest.hexdigest()
+
+
 def probe(url: str, timeout: float = 10) -> str | None:
     """None when the host answered anything (401 from a registry, 404, 405 to HEAD), else why not."""
     try:

@@ -25,7 +25,6 @@ the facts other steps need (driver floors, ABI, wheel URL).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
@@ -35,6 +34,7 @@ from packaging.version import Version
 
 from builder.errors import CompatError, EnvironmentProblem
 from builder.model.matrix import Entry
+from builder.model.verdict import Outcome, Violation
 
 PYPI_HOSTS = ("pypi.org", "pypi.python.org", "files.pythonhosted.org")
 # Rules about this project's Dockerfile recipe and the sources it reaches (the image uses the base's own
@@ -47,30 +47,6 @@ RECIPE_STEPS = ("render", "lock", "build", "repro", "smoke")
 
 class RecipeLimit(EnvironmentProblem):
     """The combination works, but this project's recipe cannot build it from the sources it reaches."""
-
-
-@dataclass(frozen=True)
-class Violation:
-    rule: str
-    field: str
-    reason: str
-    source: str
-
-    def render(self, entry: Entry) -> str:
-        return (f"{entry.source}:{entry.line(self.field)}: entry '{entry.tag}', field '{self.field}': "
-                f"[{self.rule}] {self.reason} (source: {self.source})")
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """One rule checked against one entry. ok: True passed, False violated, None did not apply."""
-
-    rule: str
-    kind: str
-    field: str
-    ok: bool | None
-    reason: str
-    source: str
 
 
 @lru_cache(maxsize=1)

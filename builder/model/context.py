@@ -65,7 +65,8 @@ def stage(entry: Entry, inputs: Inputs, root: Path = paths.CONTEXT_ROOT) -> Path
         (target / lockfile.TORCH_CUDA_LOCK).write_text(lockfile.cuda_libraries(torch_lock.read_text(encoding="utf-8")))
     requirements = target / lockfile.LOCK
     if requirements.is_file():
-        deps, pinned = lockfile.split_pinned(requirements.read_text(encoding="utf-8"), entry.pins)
+        deps, pinned = lockfile.split_pinned(requirements.read_text(encoding="utf-8"),
+                                              [n for n, v in entry.pins.items() if v])
         (target / lockfile.REQUIREMENTS_DEPS_LOCK).write_text(deps)
         (target / lockfile.REQUIREMENTS_PINS_LOCK).write_text(pinned)
     flash = target / lockfile.FLASH_LOCK

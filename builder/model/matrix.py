@@ -36,9 +36,12 @@ ARCH_LIST_RE = re.compile(r"[0-9]{1,2}\.[0-9](?:\+PTX)?(?:;[0-9]{1,2}\.[0-9](?:\
 GPU_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")
 NOTE_RE = re.compile(r"[^\x00-\x1f\x7f\\`$\u0085\u2028\u2029]{0,300}")  # one printable line: safe in a comment
 
-# The Python distributions every image pins, in the order used everywhere (tables, labels, locks).
-PACKAGES = ("torch", "transformers", "deepspeed", "peft", "accelerate", "nvidia-ml-py", "flash-attn")
-REQUIRED_PACKAGES = PACKAGES[:-1]
+# The Python distributions an image pins, in the order used everywhere (tables, labels, locks): the stack every
+# entry names, then the optional ones (None where the entry does not pin them). tokenizers, datasets and
+# huggingface-hub otherwise come at whatever version the resolver picks; pinned, the compatibility checks judge them.
+REQUIRED_PACKAGES = ("torch", "transformers", "deepspeed", "peft", "accelerate", "nvidia-ml-py")
+OPTIONAL_PACKAGES = ("flash-attn", "tokenizers", "datasets", "huggingface-hub")
+PACKAGES = REQUIRED_PACKAGES + OPTIONAL_PACKAGES
 # Lock files an entry may declare it cannot complete (with the reason): the one visible exception to
 # "every lock pinned", checked by `lock --check` and shown in the catalog.
 EXCEPTABLE_LOCKS = ("apt.lock", "flash-attn.lock")
@@ -225,7 +228,7 @@ ENTRY_FIELDS: dict[str, tuple[Callable, bool]] = {
     "python": (_short_version, True),
     "cuda": (_short_version, True),
     **{name: (_version, True) for name in REQUIRED_PACKAGES},
-    "flash-attn": (_optional_version, False),
+    **{name: (_optional_version, False) for name in OPTIONAL_PACKAGES},
     "index_url": (_index_url, False),
     "runner": (_labels, False),
     "ci": (_bool, False),
