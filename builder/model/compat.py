@@ -33,6 +33,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from builder.errors import CompatError, EnvironmentProblem
+from builder.model import archs as kernels
+from builder.model import names
 from builder.model.matrix import Entry
 from builder.model.verdict import Outcome, Violation
 
@@ -40,7 +42,7 @@ PYPI_HOSTS = ("pypi.org", "pypi.python.org", "files.pythonhosted.org")
 # Rules about this project's Dockerfile recipe and the sources it reaches (the image uses the base's own
 # python3; the ops stage needs an nvcc source for the CUDA line and base), not about whether the software
 # combination works: they stop a build (exit 3), never `validate` (exit 2).
-RECIPE_RULES = ("base-os", "base-python", "nvcc-source", "nvcc-in-image", "cuda-archs-known")
+RECIPE_RULES = ("base-os", "base-python", "nvcc-source", "nvcc-in-image", "cuda-archs-known", "flash-attn-known")
 # Steps that turn an entry into an image and so need the recipe to cover it (cli.run_step).
 RECIPE_STEPS = ("render", "lock", "build", "repro", "smoke")
 
@@ -101,7 +103,15 @@ def evaluate(entry: Entry, recipe: bool = True, ops: bool = True) -> list[Outcom
     found += _check_flash_attn(entry)
     found += [_constraint(entry, rule, ops) for rule in constraint_rules()]
     found += _check_toolchain(entry, recipe)
+    found += kernels.evaluate(entry, claimed_gpus(entry), explicit=entry.gpus is not None)
+    found += names.evaluate(entry)
     return found
+
+
+def warnings(entry: Entry) -> list[Violation]:
+    """What does not reject the entry but a user should know: a crash in a narrow configuration, a known bug the
+    entry accepted (`validate` prints them; `compat TAG` lists them with the rest)."""
+    return [Violation(o.rule, o.field, o.reason, o.source) for o in evaluate(entry, False) if o.warn]
 
 
 # --- toolchain: DeepSpeed ops, nvcc, GPU archs ---------------------------------------------------------
@@ -137,10 +147,37 @@ def nvcc_source(entry: Entry) -> dict | None:
     return None
 
 
+def gpu_capability(gpu: str) -> str | None:
+    """The compute capability of a GPU model as users write it: "H100", "RTX 5090", "Tesla V100-SXM2", "a100"
+    (case, spaces, '-'/'_' and vendor words do not matter); None when compat.yaml toolchain.gpus lacks it."""
+    gpus = rules()["toolchain"]["gpus"]
+    keys, key = _gpu_keys(tuple(gpus["capability"].items())), _gpu_key(gpu)
+    if key in keys:
+        return keys[key]
+    # A variant of a listed model (H100-SXM5-80GB, A100-PCIE-40GB): the longest listed name it begins with.
+    model = max((k for k in keys if key.startswith(k) and not key[len(k):len(k) + 1].isdigit()), key=len, default=None)
+    if model is not None:
+        return keys[model]
+    return next((f["capability"] for f in gpus.get("families", ()) if re.match(f["match"], key)), None)
+
+
+def _gpu_key(name: str) -> str:
+    key = re.sub(r"[\s_-]+", "", name.upper())
+    for word in ("NVIDIA", "TESLA", "GEFORCE", "QUADRO"):
+        key = key.removeprefix(word)
+    return key
+
+
+@lru_cache(maxsize=4)
+def _gpu_keys(items: tuple) -> dict[str, str]:
+    return {_gpu_key(name): cap for name, cap in items}
+
+
 def claimed_gpus(entry: Entry) -> tuple[str, ...]:
+    """The GPUs the entry names, else the default claims its torch build and flash-attn run on (derived)."""
     if entry.gpus is not None:
         return entry.gpus
-    return tuple(rules()["toolchain"]["claims"].get(str(Version(entry.cuda).major), ()))
+    return kernels.default_gpus(entry)
 
 
 def has_devel_base(entry: Entry) -> bool:
@@ -209,7 +246,7 @@ def _check_gpus(entry: Entry, arch_list: str, field: str) -> list[Outcome]:
     table = t["gpus"]["capability"]
     found = []
     for gpu in claimed_gpus(entry):
-        cap = table.get(gpu)
+        cap = gpu_capability(gpu)
         if cap is None:
             found.append(Outcome("gpu-known", "toolchain", "gpus", False, f"GPU '{gpu}' is not in compat.yaml "
                                  f"toolchain.gpus (known: {', '.join(table)})", t["gpus"]["source"]))
@@ -432,9 +469,11 @@ def _check_flash_attn(entry: Entry) -> list[Outcome]:
         return [Outcome(i, "wheel", "flash-attn", None, "flash-attn is not installed", "") for i in ids]
     data = rules()["flash_attn"]["releases"].get(version)
     if data is None:
-        return [Outcome("flash-attn-known", "wheel", "flash-attn", False, f"flash-attn {version} is not in the "
-                        f"compatibility data (known: {', '.join(rules()['flash_attn']['releases'])})",
-                        "compat.yaml flash_attn")]
+        # A recipe limit, not a rejection: the release may well have wheels, but this data has not read its release
+        # workflow, so the recipe cannot name the wheel to install (render/lock stop with exit 3).
+        return [Outcome("flash-attn-known", "recipe", "flash-attn", False, f"flash-attn {version} is not in the "
+                        f"wheel data (known: {', '.join(rules()['flash_attn']['releases'])}): the recipe cannot name "
+                        "its prebuilt wheel; run refresh-compat --flash-attn-git DIR", "compat.yaml flash_attn")]
     tm, major = minor(entry.torch), str(Version(entry.cuda).major)
     builds, own_py, src = flash_attn_builds(version, tm)
     why = "without a prebuilt wheel it builds from source for hours"

@@ -20,7 +20,8 @@ def report(entry: Entry, recipe: bool = True) -> str:
     outcomes = compat.evaluate(entry, recipe)
     # Version constraints that do not apply to these pins are listed by id only, to keep the table readable.
     idle = [o for o in outcomes if o.ok is None and o.kind in ("requires", "forbids")]
-    rows = [[o.rule, o.kind, _MARK[o.ok], o.reason, o.source or "—"] for o in outcomes if o not in idle]
+    rows = [[o.rule, o.kind, "warn" if o.warn else _MARK[o.ok], o.reason, o.source or "—"] for o in outcomes
+            if o not in idle]
     failed = [o for o in outcomes if o.ok is False and o.rule not in compat.RECIPE_RULES]
     limits = [o for o in outcomes if o.ok is False and o.rule in compat.RECIPE_RULES]
     head = f"{entry.tag}: torch {entry.torch} (CUDA {entry.cuda} build), Python {entry.python}, base {entry.base_name}"

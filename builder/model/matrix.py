@@ -65,6 +65,7 @@ class Entry:
     gpus: tuple[str, ...] | None = None  # GPUs the entry claims; None: compat.yaml toolchain.claims
     cuda_archs: str | None = None  # TORCH_CUDA_ARCH_LIST for the ops; None: compat.yaml default for its CUDA
     size_budget: int | None = None  # bytes the image may have; None: 1.2 × the last release (model/budget.py)
+    accept_bugs: tuple[str, ...] = ()  # known release bugs (issue URLs or ids of data/knowledge/bugs.yaml) accepted
     lines: dict = field(default_factory=dict, compare=False, repr=False)
     source: str = "matrix.yaml"
 
@@ -201,6 +202,11 @@ def _word_list(regex, what: str, example: str, allowed: str):
 
 _labels = _word_list(LABEL_RE, "runner label", "[self-hosted, linux, x64, gpu]",
                      "letters, digits, '.', '_' and '-' only")
+_accepted = _word_list(re.compile(r"https://github\.com/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+/(?:issues|pull)/[0-9]{1,7}"
+                                  r"|[a-z0-9][a-z0-9.-]{0,79}"), "known-bug reference",
+                       '["https://github.com/huggingface/peft/issues/1234"]',
+                       "the upstream issue URL (https://github.com/OWNER/REPO/issues/N) or the id from "
+                       "builder/data/knowledge/bugs.yaml that `validate` named")
 _gpus = _word_list(GPU_RE, "GPU model", "[A100, H100] (names from compat.yaml toolchain.gpus)",
                    "letters, digits, '_' and '-' only, e.g. H100")
 
@@ -238,6 +244,7 @@ ENTRY_FIELDS: dict[str, tuple[Callable, bool]] = {
     "gpus": (_gpus, False),
     "cuda_archs": (_pattern(ARCH_LIST_RE, "a CUDA arch list", '"8.0;9.0+PTX"'), False),
     "size_budget": (budget.parse, False),
+    "accept_bugs": (_accepted, False),
 }
 DEFAULTS_ONLY = {"image": _image_name}
 TOP_LEVEL = ("defaults", "entries")
@@ -355,7 +362,8 @@ def _read_entry(raw, index: int, defaults: dict, report: _Reporter, line: int = 
         runner=tuple(values.get("runner", FALLBACKS["runner"])), ci=values.get("ci", False),
         default=values.get("default", False), base_source=values.get("base_source", ""),
         lock_exceptions=values.get("lock_exceptions", {}), nvcc=values.get("nvcc", False), gpus=values.get("gpus"),
-        cuda_archs=values.get("cuda_archs"), size_budget=values.get("size_budget"), lines=lines,
+        cuda_archs=values.get("cuda_archs"), size_budget=values.get("size_budget"),
+        accept_bugs=values.get("accept_bugs", ()), lines=lines,
         source=str(report.path),
     )
 

@@ -18,9 +18,10 @@ from packaging.version import InvalidVersion, Version
 
 from builder import fsutil, log
 from builder.boundary import git, pypi, web
+from builder.derive import api_index
 from builder.errors import UserError
 from builder.flags import arg, switch
-from builder.model import compat, knowledge
+from builder.model import compat, knowledge, names
 
 RAW = "https://raw.githubusercontent.com/Dao-AILab/flash-attention/v{version}/{path}"
 FLASH_FILES = (".github/workflows/publish.yml", "setup.py")
@@ -44,6 +45,13 @@ class Options:
                                                "every transformers and accelerate release (one request per release)")
     compat_file: str | None = arg("--compat-file", default=None, metavar="PATH",
                                   help="the compat.yaml to compare and write (default: the one shipped in the package)")
+    api: bool = switch("--api", help="re-read the names index (data/knowledge/api: what each release imports from "
+                                     "the others, and which releases lack it) from the packages' published files")
+    release: tuple = arg("--release", nargs="+", default=(), metavar="PKG==VERSION",
+                         help="with --api: read only these releases and add them to the index (default: every "
+                              "release since each package's floor in data/knowledge/surface.yaml)")
+    knowledge_dir: str | None = arg("--knowledge-dir", default=None, metavar="DIR",
+                                    help="the data/knowledge directory to compare and write (default: the package's)")
 
 
 def _get(url: str) -> bytes:
@@ -151,7 +159,70 @@ def _source(change: knowledge.Change, args) -> str:
             f"(matrix, minv/maxv) and setup.py (get_wheel_url), read from {where} by refresh-compat {today}")
 
 
+def _knowledge_dir(args) -> Path:
+    return Path(args.knowledge_dir) if args.knowledge_dir else Path(str(resources.files("builder").joinpath(
+        "data/knowledge")))
+
+
+def _releases(args) -> dict[str, list[str]] | None:
+    if not args.release:
+        return None
+    wanted: dict[str, list[str]] = {}
+    known = api_index.surface()
+    for item in args.release:
+        name, sep, version = item.partition("==")
+        if not sep or name not in known or not version:
+            raise UserError(f"--release {item!r}: expected PKG==VERSION with PKG one of {', '.join(known)}",
+                            "e.g. --release accelerate==1.2.0")
+        wanted.setdefault(name, []).append(version)
+    return wanted
+
+
+def api_texts(args) -> dict[str, str]:
+    """The names index as `--api` re-reads it: {path under data/knowledge: text}."""
+    folder = _knowledge_dir(args) / "api"
+    only = _releases(args)
+    index = api_index.Index.load(folder) if only is not None else api_index.Index()
+    projects: dict[str, dict] = {}
+
+    def project(name: str) -> dict:
+        if name not in projects:
+            projects[name] = pypi.project(name)
+        return projects[name]
+
+    with log.step("names index from the published files") as note:
+        try:
+            api_index.refresh(index, pypi.fetch_file, project, only, progress=log.info)
+        except ValueError as exc:
+            raise UserError(str(exc), "name a final release that PyPI lists") from None
+        note["result"] = f"{sum(len(r) for r in index.releases.values())} releases of {len(index.releases)} packages"
+    return {f"api/{name}": text for name, text in index.texts().items()}
+
+
+def knowledge_main(args: Options) -> int:
+    """--api (and the other generated sources): compare what the artifacts say with data/knowledge; --write writes."""
+    root = _knowledge_dir(args)
+    texts = api_texts(args) if args.api else {}
+    changed = [rel for rel, text in texts.items() if not (root / rel).is_file() or
+               (root / rel).read_text(encoding="utf-8") != text]
+    if not changed:
+        log.info(f"{root}: {len(texts)} files agree with the published artifacts")
+        return 0
+    for rel in changed:
+        log.out(f"{'changed' if (root / rel).is_file() else 'new'}: {root / rel}")
+    if not args.write:
+        log.info(f"{len(changed)} files differ; review with --write and git diff")
+        return DIFFERENCES_EXIT
+    for rel in changed:
+        fsutil.write_atomic(root / rel, texts[rel])
+    names.index.cache_clear()
+    log.info(f"wrote {len(changed)} files under {root}; run the unit tests (tests/unit/test_names.py)")
+    return 0
+
+
 def main(args: Options, m=None) -> int:
+    if args.api:
+        return knowledge_main(args)
     path = _compat_path(args)
     try:
         text = path.read_text(encoding="utf-8")

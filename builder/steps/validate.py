@@ -23,6 +23,9 @@ def main(options: Options, m: matrix.Matrix) -> int:
 
         print("\n\n".join(explain.report(e) for e in entries))
     compat.require(entries)
+    for e in entries:
+        for w in compat.warnings(e):
+            log.info(f"warning: {w.render(e)}")
     if options.strict:
         problems = matrix.strict_problems(m)
         if problems:

@@ -64,7 +64,6 @@ def test_compat_data_is_complete_and_well_formed():
     ('cuda: "12.1"', 'cuda: "12.4"', "torch-cuda", "has no CUDA 12.4 build"),
     ("12.1.1-runtime-ubuntu22.04", "11.8.0-devel-ubuntu22.04", "base-cuda-compiler", "mismatches the version"),
     ("flash-attn: 2.6.3", "flash-attn: 2.8.3", "flash-attn-torch", "no prebuilt wheel for torch 2.3"),
-    ("flash-attn: 2.6.3", "flash-attn: 2.4.2", "flash-attn-known", "not in the compatibility data"),
     ("transformers: 4.44.2", "transformers: 5.24.0", "transformers-torch", "needs torch >=2.4"),
 ])
 def test_rule_violations(project, old, new, rule, words):
@@ -128,8 +127,10 @@ BOOKWORM = "cu130-torch2.13-bookworm"
      "B200 (compute capability 10.0) has no code in the ops' arch list"),
     ("    runner: [ubuntu-latest]", '    cuda_archs: "7.0;9.0+PTX"\n    runner: [ubuntu-latest]', BOOKWORM,
      "cuda-archs-nvcc", "nvcc 13.0 cannot compile sm_70"),
-    ("    runner: [ubuntu-latest]", "    gpus: [H100, P100]\n    runner: [ubuntu-latest]", BOOKWORM, "gpu-known",
-     "GPU 'P100' is not in compat.yaml"),
+    ("    runner: [ubuntu-latest]", "    gpus: [H100, Z9000]\n    runner: [ubuntu-latest]", BOOKWORM, "gpu-known",
+     "GPU 'Z9000' is not in compat.yaml"),
+    ("    runner: [ubuntu-latest]", "    gpus: [H100, P100]\n    runner: [ubuntu-latest]", BOOKWORM, "torch-archs",
+     "no kernels for P100 (compute capability 6.0)"),
 ])
 def test_toolchain_rules(project, old, new, tag, rule, words):
     e = entry_with(project, old, new, tag)
@@ -235,6 +236,15 @@ def test_newer_deepspeed_derives_no_nvcc(project):
     e = matrix.load(project / "matrix.yaml").by_tag()[BOOKWORM]
     assert compat.toolchain(e)["nvcc_in_image"] is False
     assert dict((w, v) for w, v, _, _ in compat.derivations(e))["nvcc in image"] == "no"
+
+
+def test_a_flash_attn_release_without_wheel_data_is_a_recipe_limit_not_a_rejection(project):
+    # Whether 2.4.2 has wheels is not in compat.yaml: validate cannot say the stack is broken, but the recipe
+    # cannot name the wheel to install, so render/lock/build stop (exit 3) and say how to add it.
+    e = entry_with(project, "flash-attn: 2.6.3", "flash-attn: 2.4.2")
+    assert "flash-attn-known" not in rules_of(e)
+    (limit,) = [v for v in compat.recipe_limits(e) if v.rule == "flash-attn-known"]
+    assert "not in the wheel data" in limit.reason and "refresh-compat" in limit.reason
 
 
 def test_recipe_limit_is_accepted_by_validate_and_stops_render_with_exit_3(project, capsys):

@@ -14,7 +14,8 @@ from builder.model import compat
 from builder.model.matrix import PACKAGES, Entry
 
 CORPUS = yaml.safe_load((Path(__file__).parent / "data" / "compat_corpus.yaml").read_text())
-CASE_KEYS = {"id", "source", "note", "assumed", "rule", "ops", "python", "cuda", "base", "index_url", *PACKAGES}
+CASE_KEYS = {"id", "source", "note", "assumed", "rule", "ops", "python", "cuda", "base", "index_url", "gpus",
+             "accept_bugs", "class", "failure", *PACKAGES}
 # The newest patch of each torch minor, for reports that do not name torch (only `complete` uses it).
 TORCH_RELEASES = ("2.13.0", "2.12.0", "2.11.0", "2.10.0", "2.9.1", "2.8.0", "2.7.1", "2.6.0", "2.5.1", "2.4.1",
                   "2.3.1", "2.2.2", "2.1.2", "2.0.1")
@@ -51,7 +52,8 @@ def complete(case: dict) -> Entry:
         tag=f"corpus-{case['id']}"[:120].lower(), image="corpus/train", base=case.get("base", NEUTRAL_BASE),
         python=case["python"], cuda=case["cuda"], pins=pins,
         index_url=case.get("index_url") or index_for(pins["torch"], case["cuda"]),
-        runner=("corpus",), source=case["source"],
+        runner=("corpus",), source=case["source"], gpus=tuple(case["gpus"]) if case.get("gpus") else None,
+        accept_bugs=tuple(case.get("accept_bugs", ())),
     )
 
 

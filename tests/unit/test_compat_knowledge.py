@@ -5,7 +5,6 @@ project JSON for torch, and the core metadata of torch-2.6.0-cp311 (tests/unit/d
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -162,12 +161,12 @@ class FakePyPI:
         raise OSError(f"unreachable: {url}")
 
 
-def refresh_args(tmp_path, **over) -> argparse.Namespace:
+def refresh_args(tmp_path, **over) -> refresh.Options:
     path = tmp_path / "compat.yaml"
     if not path.exists():
         path.write_text(COMPAT.read_text())
-    return argparse.Namespace(write=over.get("write", False), flash_attn_git=None, since="2.5", compat_file=str(path),
-                              declared=over.get("declared", False))
+    return refresh.Options(write=over.get("write", False), flash_attn_git=None, since="2.5", compat_file=str(path),
+                           declared=over.get("declared", False))
 
 
 def test_refresh_shows_the_diff_and_writes_nothing(tmp_path, monkeypatch, capsys):

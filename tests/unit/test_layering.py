@@ -62,6 +62,20 @@ def test_model_is_pure(path):
     assert not bad, f"{rel(path)} (the pure model) imports {sorted(bad)}"
 
 
+@pytest.mark.parametrize("path", modules("builder/derive"), ids=rel)
+def test_derive_reads_artifacts_below_the_steps(path):
+    # Where knowledge comes from (pip-audit's `service/`): it may fetch through the boundary and produce the
+    # model's data, but no step and no runner sits below it, and the judge (model/) never imports it.
+    bad = {i for i in imports_of(path) if i.startswith(("builder.steps", "builder.runner", "builder.reports"))}
+    assert not bad, f"{rel(path)} (a knowledge source) imports {sorted(bad)}"
+
+
+@pytest.mark.parametrize("path", modules("builder/model"), ids=rel)
+def test_the_judge_does_not_derive(path):
+    bad = {i for i in imports_of(path) if i.startswith("builder.derive")}
+    assert not bad, f"{rel(path)} (the pure model) imports {sorted(bad)}: judge from the committed data"
+
+
 @pytest.mark.parametrize("path", modules("builder/boundary"), ids=rel)
 def test_boundary_does_not_know_the_steps(path):
     bad = {i for i in imports_of(path) if i.startswith(("builder.steps.", "builder.runner", "builder.reports"))}
