@@ -34,7 +34,7 @@ from packaging.version import Version
 
 from builder.errors import CompatError, EnvironmentProblem
 from builder.model import archs as kernels
-from builder.model import names
+from builder.model import bugs, names, signals
 from builder.model.matrix import Entry
 from builder.model.verdict import Outcome, Violation
 
@@ -102,6 +102,8 @@ def evaluate(entry: Entry, recipe: bool = True, ops: bool = True) -> list[Outcom
     found += _check_base(entry, recipe)
     found += _check_flash_attn(entry)
     found += [_constraint(entry, rule, ops) for rule in constraint_rules()]
+    found += signals.evaluate(entry)
+    found += bugs.evaluate(entry, entry.accept_bugs, ops)
     found += _check_toolchain(entry, recipe)
     found += kernels.evaluate(entry, claimed_gpus(entry), explicit=entry.gpus is not None)
     found += names.evaluate(entry)

@@ -18,10 +18,12 @@ from packaging.version import InvalidVersion, Version
 
 from builder import fsutil, log
 from builder.boundary import git, pypi, web
-from builder.derive import api_index
+from builder.derive import api_index, pypi_signals
+from builder.derive import archs as derive_archs
 from builder.errors import UserError
 from builder.flags import arg, switch
-from builder.model import compat, knowledge, names
+from builder.model import archs, compat, knowledge, names
+from builder.model import signals as signals_model
 
 RAW = "https://raw.githubusercontent.com/Dao-AILab/flash-attention/v{version}/{path}"
 FLASH_FILES = (".github/workflows/publish.yml", "setup.py")
@@ -47,6 +49,10 @@ class Options:
                                   help="the compat.yaml to compare and write (default: the one shipped in the package)")
     api: bool = switch("--api", help="re-read the names index (data/knowledge/api: what each release imports from "
                                      "the others, and which releases lack it) from the packages' published files")
+    archs: bool = switch("--archs", help="re-read the GPU arch lists (data/knowledge/archs.yaml) from torch's "
+                                         "PyPI wheels (libtorch_cuda.so) and flash-attn's sdists (setup.py)")
+    signals: bool = switch("--signals", help="re-read PyPI's signals (data/knowledge/pypi: yanks, Requires-Python, "
+                                             "Requires-Dist, wheel tags) for every release of the stack's packages")
     release: tuple = arg("--release", nargs="+", default=(), metavar="PKG==VERSION",
                          help="with --api: read only these releases and add them to the index (default: every "
                               "release since each package's floor in data/knowledge/surface.yaml)")
@@ -203,6 +209,17 @@ def knowledge_main(args: Options) -> int:
     """--api (and the other generated sources): compare what the artifacts say with data/knowledge; --write writes."""
     root = _knowledge_dir(args)
     texts = api_texts(args) if args.api else {}
+    if args.archs:
+        with log.step("GPU arch lists from the published binaries") as note:
+            data = derive_archs.refresh(since=args.since, log=log.info)
+            note["result"] = f"{len(data['torch'])} torch minors, {len(data['flash_attn'])} flash-attn releases"
+        texts["archs.yaml"] = derive_archs.render(data)
+    if args.signals:
+        with log.step("PyPI signals of the stack's releases") as note:
+            docs = pypi_signals.refresh()
+            count = sum(len(d.get("releases", {})) for d in docs.values())
+            note["result"] = f"{count} releases of {len(docs)} packages"
+        texts.update({f"pypi/{name}.json": pypi_signals.render(doc) for name, doc in docs.items()})
     changed = [rel for rel, text in texts.items() if not (root / rel).is_file() or
                (root / rel).read_text(encoding="utf-8") != text]
     if not changed:
@@ -215,13 +232,14 @@ def knowledge_main(args: Options) -> int:
         return DIFFERENCES_EXIT
     for rel in changed:
         fsutil.write_atomic(root / rel, texts[rel])
-    names.index.cache_clear()
+    for cached in (names.index, archs.data, signals_model.load):
+        cached.cache_clear()
     log.info(f"wrote {len(changed)} files under {root}; run the unit tests (tests/unit/test_names.py)")
     return 0
 
 
 def main(args: Options, m=None) -> int:
-    if args.api:
+    if args.api or args.archs or args.signals:
         return knowledge_main(args)
     path = _compat_path(args)
     try:
