@@ -538,7 +538,8 @@ def flash_attn_wheel(entry: Entry) -> str | None:
 
 @lru_cache(maxsize=1)
 def constraint_rules() -> tuple[dict, ...]:
-    """`rules:` plus the `packages:` minimums, all as requires/forbids rules."""
+    """`rules:` plus the `packages:` minimums, all as requires/forbids rules. What packages declare in their own
+    metadata (Requires-Dist, Requires-Python) is judged from PyPI's data by model/signals.py."""
     out = []
     for row in rules()["packages"]:
         name = row["package"]
@@ -547,14 +548,6 @@ def constraint_rules() -> tuple[dict, ...]:
                         "then": {dep: row[dep]}, "field": name, "source": row["source"],
                         "reason": f"{name} {{{name}}} needs {'torch' if dep == 'torch' else 'Python'} {row[dep]}, "
                                   f"the entry has {{{dep}}}"})
-    for row in rules().get("declared", []):
-        name = row["package"]
-        for dep, spec in row["requires"].items():
-            shown = "Python" if dep == "python" else dep
-            out.append({"id": f"{name}-declares-{dep}", "kind": "requires", "when": {name: row["versions"]},
-                        "then": {dep: spec}, "field": name, "source": row["source"],
-                        "reason": f"{name} {{{name}}} declares {shown} {spec} in its package metadata (the resolver "
-                                  f"enforces it only with the extra installed), the entry has {{{dep}}}"})
     out += rules().get("rules", [])
     return tuple(out)
 

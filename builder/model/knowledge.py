@@ -199,73 +199,12 @@ def flash_attn_release(publish_yml: str, setup_py: str, since: str = "2.0") -> d
     return release
 
 
-# --- declared minimums from package metadata ---------------------------------------------------------
-
-# The extras a training image installs (transformers[torch,deepspeed]) and the dependencies they bound.
-DECLARED_EXTRAS = ("torch", "deepspeed")
-DECLARED_DEPS = ("accelerate", "deepspeed", "torch")
-
-
-def declared_bounds(requires: list[str]) -> dict[str, str]:
-    """{dependency: '>=X'} from one release's Requires-Dist/Requires-Python lines: lower bounds only, for the
-    dependencies a training stack pins, unconditional or under one of DECLARED_EXTRAS."""
-    from packaging.requirements import InvalidRequirement, Requirement
-
-    out: dict[str, str] = {}
-    for line in requires:
-        if line[:1] in "<>=!~":  # Requires-Python
-            lows = [s for s in line.split(",") if s.strip().startswith(">=")]
-            if lows:
-                out["python"] = lows[0].strip()
-            continue
-        try:
-            req = Requirement(line)
-        except InvalidRequirement:
-            continue
-        marker = str(req.marker) if req.marker else ""
-        if req.name.lower() not in DECLARED_DEPS or (marker and not any(f'extra == "{e}"' in marker
-                                                                          for e in DECLARED_EXTRAS)):
-            continue
-        lows = [f">={s.version}" for s in req.specifier if s.operator == ">="]
-        if lows:
-            out[req.name.lower()] = lows[0]
-    return out
-
-
-def declared_rows(package: str, metadata: dict[str, list[str]]) -> list[dict]:
-    """compat.yaml `declared:` rows: consecutive releases declaring the same bounds become one version range."""
-    rows: list[dict] = []
-    for version in sorted(metadata, key=Version):
-        bounds = declared_bounds(metadata[version])
-        if rows and rows[-1]["requires"] == bounds:
-            continue
-        if rows:
-            rows[-1]["versions"] += f",<{version}"
-        rows.append({"package": package, "versions": f">={version}", "requires": bounds,
-                     "source": f"https://pypi.org/project/{package}/{version}/ core metadata"})
-    return [r for r in rows if r["requires"]]
-
-
-def diff_declared(current: list[dict], fetched: list[dict]) -> list[Change]:
-    """Rows of `declared:` that the metadata adds or changes (compared by package and version range)."""
-    known = {(r["package"], r["versions"]): r["requires"] for r in current}
-    changes = []
-    for row in fetched:
-        key = (row["package"], row["versions"])
-        if key not in known:
-            changes.append(Change("declared", f"{row['package']} {row['versions']}", "", None, row["requires"]))
-        elif known[key] != row["requires"]:
-            changes.append(Change("declared", f"{row['package']} {row['versions']}", "requires", known[key],
-                                  row["requires"]))
-    return changes
-
-
 # --- diff against compat.yaml ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Change:
-    section: str  # "torch", "flash_attn" or "declared"
+    section: str  # "torch" or "flash_attn"
     key: str  # torch minor or flash-attn version
     field: str  # "" for a whole new key
     old: object

@@ -32,8 +32,6 @@ TIMEOUT_S = 30
 
 
 DIFFERENCES_EXIT = 1  # compat.yaml differs from what the releases say (and --write was not given)
-# Packages whose declared minimums `--declared` reads, and the first release with core metadata to read.
-DECLARED_SINCE = {"transformers": "4.33", "accelerate": "0.24"}
 
 
 @dataclass(frozen=True)
@@ -43,8 +41,6 @@ class Options:
                                      help="a clone of Dao-AILab/flash-attention to read release workflows from "
                                           "(GitHub itself may be unreachable)")
     since: str = arg("--since", default="2.0", help="oldest torch minor to compare (default 2.0)")
-    declared: bool = switch("--declared", help="also compare the `declared:` minimums with the core metadata of "
-                                               "every transformers and accelerate release (one request per release)")
     compat_file: str | None = arg("--compat-file", default=None, metavar="PATH",
                                   help="the compat.yaml to compare and write (default: the one shipped in the package)")
     api: bool = switch("--api", help="re-read the names index (data/knowledge/api: what each release imports from "
@@ -83,27 +79,6 @@ def torch_from_pypi(since: str) -> dict[str, dict]:
                 log.info(f"note: torch {version}: no core metadata ({reason}); its CUDA build and cuDNN are "
                          "not compared")
         out[minor] = knowledge.torch_facts(version, files, metadata)
-    return out
-
-
-def declared_metadata(name: str, since: str) -> dict[str, list[str]]:
-    """{release: its Requires-Dist and Requires-Python lines} for the final releases of `name` since `since`."""
-    project = pypi.project(name)
-    out = {}
-    for raw, files in project.get("releases", {}).items():
-        try:
-            version = Version(raw)
-        except InvalidVersion:
-            continue
-        wheels = [f for f in files if f.get("filename", "").endswith(".whl") and not f.get("yanked")]
-        if version.is_prerelease or version < Version(since) or not wheels:
-            continue
-        try:
-            text = pypi.wheel_metadata(name, wheels[0])
-        except OSError:  # web.Failed is an OSError
-            continue  # releases uploaded before PEP 658 have no separate metadata file
-        out[raw] = [ln.split(":", 1)[1].strip() for ln in text.splitlines()
-                    if ln.startswith(("Requires-Dist:", "Requires-Python:"))]
     return out
 
 
@@ -261,12 +236,6 @@ def main(args: Options, m=None) -> int:
     for line in notes:
         log.info(f"note: {line}")
     changes = knowledge.diff_torch(current_torch, torch) + knowledge.diff_flash_attn(current_flash, flash)
-    if args.declared:
-        with log.step("declared minimums in package metadata") as note:
-            fetched = [row for name, since in DECLARED_SINCE.items() for row in
-                       knowledge.declared_rows(name, declared_metadata(name, since))]
-            note["result"] = f"{len(fetched)} version ranges"
-        changes += knowledge.diff_declared(data.get("declared", []), fetched)
     if not changes:
         log.info(f"{path} agrees with PyPI" + (" and the release files" if args.flash_attn_git else ""))
         return 0
@@ -276,8 +245,7 @@ def main(args: Options, m=None) -> int:
         # Non-zero so a scheduled job notices that compat.yaml fell behind the releases.
         log.info(f"{len(changes)} differences; review them, then run with --write to apply them to {path}")
         return DIFFERENCES_EXIT
-    # `declared:` rows are proposed, not written: a person checks the range boundaries against the rules.
-    applicable = [c for c in changes if c.section != "declared" and (c.old is not None or isinstance(c.new, dict))]
+    applicable = [c for c in changes if c.old is not None or isinstance(c.new, dict)]
     fsutil.write_atomic(path, knowledge.apply_text(text, applicable, lambda c: _source(c, args)))
     compat.rules.cache_clear()
     compat.constraint_rules.cache_clear()

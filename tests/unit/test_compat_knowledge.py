@@ -165,8 +165,7 @@ def refresh_args(tmp_path, **over) -> refresh.Options:
     path = tmp_path / "compat.yaml"
     if not path.exists():
         path.write_text(COMPAT.read_text())
-    return refresh.Options(write=over.get("write", False), flash_attn_git=None, since="2.5", compat_file=str(path),
-                           declared=over.get("declared", False))
+    return refresh.Options(write=over.get("write", False), flash_attn_git=None, since="2.5", compat_file=str(path))
 
 
 def test_refresh_shows_the_diff_and_writes_nothing(tmp_path, monkeypatch, capsys):
@@ -205,39 +204,3 @@ def test_refresh_network_failure_is_a_machine_problem(tmp_path, monkeypatch, cap
     assert run_cli("refresh-compat", "--compat-file", refresh_args(tmp_path).compat_file) == 3
     err = capsys.readouterr().err
     assert "error: cannot read https://pypi.org/pypi/torch/json" in err and "Traceback" not in err
-
-
-TRANSFORMERS_META = {
-    "4.44.0": ["accelerate>=0.21.0; extra == \"torch\"", "torch; extra == \"torch\"", ">=3.8.0",
-               "deepspeed>=0.9.3; extra == \"deepspeed\"", "numpy>=1.17"],
-    "4.45.0": ["accelerate>=0.26.0; extra == \"torch\"", "torch; extra == \"torch\"", ">=3.8.0",
-               "deepspeed>=0.9.3; extra == \"deepspeed\"", "accelerate>=0.26.0; extra == \"deepspeed\""],
-    "4.45.1": ["accelerate>=0.26.0; extra == \"torch\"", ">=3.8.0", "deepspeed>=0.9.3; extra == \"deepspeed\""],
-    "4.48.0": ["accelerate>=0.26.0; extra == \"torch\"", "torch>=2.0; extra == \"torch\"", ">=3.9.0",
-               "deepspeed>=0.9.3; extra == \"deepspeed\"", "tensorflow>2.9; extra == \"tf\""],
-}
-
-
-def test_declared_rows_group_releases_by_their_lower_bounds():
-    rows = knowledge.declared_rows("transformers", TRANSFORMERS_META)
-    assert [(r["versions"], r["requires"]) for r in rows] == [
-        (">=4.44.0,<4.45.0", {"accelerate": ">=0.21.0", "deepspeed": ">=0.9.3", "python": ">=3.8.0"}),
-        (">=4.45.0,<4.48.0", {"accelerate": ">=0.26.0", "deepspeed": ">=0.9.3", "python": ">=3.8.0"}),
-        (">=4.48.0", {"accelerate": ">=0.26.0", "deepspeed": ">=0.9.3", "python": ">=3.9.0", "torch": ">=2.0"}),
-    ]
-    assert all(r["source"].startswith("https://pypi.org/project/transformers/") for r in rows)
-
-
-def test_declared_diff_proposes_new_and_changed_ranges_only():
-    rows = knowledge.declared_rows("transformers", TRANSFORMERS_META)
-    assert knowledge.diff_declared(rows, rows) == []
-    changed = [dict(rows[0], requires={"accelerate": ">=0.20.3"})] + rows[1:2]
-    found = knowledge.diff_declared(changed, rows)
-    assert [c.render().split(":")[0] for c in found] == ["~ declared.transformers >=4.44.0,<4.45.0.requires",
-                                                         "+ declared.transformers >=4.48.0"]
-
-
-def test_shipped_declared_rows_are_enforced_as_rules():
-    # transformers 4.45+ declares accelerate>=0.26.0 for its torch extra: an older accelerate is rejected.
-    ids = {r["id"] for r in compat.constraint_rules()}
-    assert {"transformers-declares-accelerate", "transformers-declares-torch", "accelerate-declares-torch"} <= ids
