@@ -94,7 +94,10 @@ test-docker-newest: venv docker ## the newest Docker Debian ships (28) on a priv
 workflow: venv ## run the workflow's hosted jobs' steps here, per event (tests/workflow; no image builds)
 	$(PY) -m pytest tests/workflow $(PYTEST_FLAGS)
 
-build: venv ## build TAG (default: the default image) with BuildKit
+# The import check first (resolve --import-check): a pin pair that installs but does not import stops here, in a
+# throwaway venv from uv's cache, before the image build.
+build: venv ## build TAG (default: the default image) with BuildKit, after its import check
+	$(PY) -m builder resolve --import-check $(or $(TAG),$(DEFAULT_TAG))
 	$(PY) -m builder build $(or $(TAG),$(DEFAULT_TAG)) $(BUILD_FLAGS)
 
 build-all: venv ## build every entry
@@ -103,8 +106,9 @@ build-all: venv ## build every entry
 smoke: venv ## run the smoke gate in the built TAG image
 	$(PY) -m builder smoke $(or $(TAG),$(DEFAULT_TAG)) $(SMOKE_FLAGS)
 
-image: venv docker ## the main job: Docker set-up, then build and smoke-test the default image
-	$(PY) -m builder build $(DEFAULT_TAG) $(BUILD_FLAGS) && $(PY) -m builder smoke $(DEFAULT_TAG) $(SMOKE_FLAGS)
+image: venv docker ## the main job: Docker set-up, then import-check, build and smoke-test the default image
+	$(PY) -m builder resolve --import-check $(DEFAULT_TAG) && $(PY) -m builder build $(DEFAULT_TAG) $(BUILD_FLAGS) \
+	  && $(PY) -m builder smoke $(DEFAULT_TAG) $(SMOKE_FLAGS)
 
 publish: venv ## publish TAG to REGISTRY (only if its smoke report passed)
 	$(PY) -m builder publish $(or $(TAG),$(DEFAULT_TAG)) --registry $(REGISTRY)

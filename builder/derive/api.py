@@ -18,6 +18,7 @@ its namespace at run time (a module `__getattr__`, `globals()` writes, a star im
 from __future__ import annotations
 
 import ast
+import hashlib
 import re
 import tarfile
 import zipfile
@@ -142,14 +143,27 @@ def uses(pkg: Package, top: str, surface: Iterable[str], stack: dict[str, str]) 
         found_src = pkg.files.get(module)
         if found_src is None or found_src[0] != ".py":
             continue
-        walker = _Walker(module, pkg.is_package(module), top, set(stack), stack)
-        walker.run(found_src[1])
-        queue.extend(n for m in walker.internal if (n := _nearest(pkg, m)))
-        for use in walker.found:
+        walked, internal = _walk(module, pkg.is_package(module), top, found_src[1], stack)
+        queue.extend(n for m in internal if (n := _nearest(pkg, m)))
+        for use in walked:
             old = found.get(use.path)
             if old is None or (old.phase == "call" and use.phase == "import"):
                 found[use.path] = use
     return sorted(found.values(), key=lambda u: u.path)
+
+
+# Most files are the same from one release to the next: what a file says is read once per distinct text.
+_WALKED: dict[tuple, tuple[tuple[Use, ...], tuple[str, ...]]] = {}
+_VISITED: dict[tuple, tuple] = {}
+
+
+def _walk(module: str, is_package: bool, top: str, text: str, stack: dict[str, str]):
+    key = (module, is_package, top, tuple(sorted(stack.items())), hashlib.sha1(text.encode()).digest())
+    if key not in _WALKED:
+        walker = _Walker(module, is_package, top, set(stack), stack)
+        walker.run(text)
+        _WALKED[key] = (tuple(walker.found), tuple(walker.internal))
+    return _WALKED[key]
 
 
 def _parents(module: str) -> list[str]:
@@ -364,41 +378,52 @@ class Exports:
     why_open: str = ""
 
 
-def exports(pkg: Package, module: str, _depth: int = 0) -> Exports:
+def exports(pkg: Package, module: str, memo: dict[str, Exports] | None = None, _depth: int = 0) -> Exports:
     """What `module` binds at its top level, read statically by griffe; star imports followed."""
-    import griffe
-
+    memo = {} if memo is None else memo
+    if module in memo:
+        return memo[module]
     if module not in pkg.files:
         return Exports(frozenset(), True, "no such module")
     src = pkg.source(module)
     if src is None:
         return Exports(frozenset(), True, "a compiled module without a stub")
-    suffix, text = src
-    try:
-        filepath = Path(*module.split("."), "__init__" + suffix) if pkg.is_package(module) else \
-            Path(*module.split(".")).with_suffix(suffix)
-        visited = griffe.visit(module, filepath=filepath, code=text)
-    except Exception as exc:  # griffe raises its own and AST errors on code for another Python
-        return Exports(frozenset(), True, f"griffe could not read it ({type(exc).__name__})")
-    names: set[str] = set()
-    why = _dynamic(text)
-    for name, member in visited.members.items():
-        if not name.endswith("/*"):
-            names.add(name)
-            continue
-        target = getattr(member, "target_path", "")
+    own, stars, why = _visit(module, pkg.is_package(module), *src)
+    names = set(own)
+    for target in stars:
         if _depth > 8 or target not in pkg.files:
             why = why or f"`from {target} import *` cannot be followed"
             continue
-        inner = exports(pkg, target, _depth + 1)
-        public = _star_names(pkg, target, inner)
-        names |= public
+        inner = exports(pkg, target, memo, _depth + 1)
+        names |= _star_names(pkg, target, inner)
         if inner.open:
             why = why or f"`from {target} import *`: {inner.why_open}"
     # Submodules are attributes of a package once imported; `from pkg import submodule` works either way.
     prefix = module + "."
     names |= {m[len(prefix):] for m in pkg.files if m.startswith(prefix) and "." not in m[len(prefix):]}
-    return Exports(frozenset(names), bool(why), why)
+    memo[module] = Exports(frozenset(names), bool(why), why)
+    return memo[module]
+
+
+def _visit(module: str, is_package: bool, suffix: str, text: str) -> tuple[frozenset[str], tuple[str, ...], str]:
+    """(names the file binds, modules it star-imports, why its namespace is dynamic or ''), by griffe."""
+    key = (module, is_package, suffix, hashlib.sha1(text.encode()).digest())
+    if key in _VISITED:
+        return _VISITED[key]
+    import griffe
+
+    filepath = Path(*module.split("."), "__init__" + suffix) if is_package else \
+        Path(*module.split(".")).with_suffix(suffix)
+    try:
+        visited = griffe.visit(module, filepath=filepath, code=text)
+    except Exception as exc:  # griffe raises its own and AST errors on code for another Python
+        found = (frozenset(), (), f"griffe could not read it ({type(exc).__name__})")
+    else:
+        own = frozenset(n for n in visited.members if not n.endswith("/*"))
+        stars = tuple(getattr(m, "target_path", "") for n, m in visited.members.items() if n.endswith("/*"))
+        found = (own, stars, _dynamic(text))
+    _VISITED[key] = found
+    return found
 
 
 def _star_names(pkg: Package, module: str, inner: Exports) -> set[str]:
@@ -456,9 +481,7 @@ def resolve(pkg: Package, dotted: str, cache: dict[str, Exports]) -> str | None:
         module = ".".join(parts[:i])
         if module not in pkg.files:
             continue
-        if module not in cache:
-            cache[module] = exports(pkg, module)
-        ex = cache[module]
+        ex = exports(pkg, module, cache)
         if parts[i] in ex.names:
             return None
         if ex.open:
