@@ -371,38 +371,56 @@ def _chain(node: ast.Attribute) -> list[str] | None:
 # --- provider side --------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Exports:
-    names: frozenset[str]
-    open: bool  # the module makes names at run time: absence cannot be judged
-    why_open: str = ""
-
-
-def exports(pkg: Package, module: str, memo: dict[str, Exports] | None = None, _depth: int = 0) -> Exports:
-    """What `module` binds at its top level, read statically by griffe; star imports followed."""
+def lookup(pkg: Package, module: str, name: str, memo: dict | None = None, _depth: int = 0) -> str | None:
+    """None when `module` binds `name` at its top level (read statically by griffe, star imports followed only as
+    far as needed); 'open: why' when the module makes names at run time, so absence cannot be claimed; else ''."""
     memo = {} if memo is None else memo
-    if module in memo:
-        return memo[module]
-    if module not in pkg.files:
-        return Exports(frozenset(), True, "no such module")
+    key = (module, name)
+    if key in memo:
+        return memo[key]
+    memo[key] = ""  # a star-import cycle finds nothing more
+    if f"{module}.{name}" in pkg.files:  # a submodule is an attribute once imported, and importable by name
+        memo[key] = None
+        return None
+    src = pkg.source(module) if module in pkg.files else None
+    if src is None:
+        memo[key] = "open: a compiled module without a stub" if module in pkg.files else ""
+        return memo[key]
+    own, stars, why = _visit(module, pkg.is_package(module), *src)
+    if name in own:
+        memo[key] = None
+        return None
+    found = f"open: {why}" if why else ""
+    for target in stars:
+        if target not in pkg.files and target.split(".")[0] == module.split(".")[0]:
+            continue  # a module of its own package that does not exist (a stale TYPE_CHECKING line) binds nothing
+        if _depth > 8 or target not in pkg.files:
+            found = found or f"open: `from {target} import *` cannot be followed"
+            continue
+        declared = _declared_all(pkg, target)
+        if declared is not None and name not in declared:
+            continue  # `import *` takes only __all__
+        if declared is None and name.startswith("_"):
+            continue  # and without __all__, only public names
+        inner = lookup(pkg, target, name, memo, _depth + 1)
+        if inner is None:
+            memo[key] = None
+            return None
+        if inner.startswith("open:"):
+            found = found or f"open: `from {target} import *`: {inner[len('open: '):]}"
+    memo[key] = found
+    return found
+
+
+def _declared_all(pkg: Package, module: str) -> frozenset[str] | None:
     src = pkg.source(module)
     if src is None:
-        return Exports(frozenset(), True, "a compiled module without a stub")
-    own, stars, why = _visit(module, pkg.is_package(module), *src)
-    names = set(own)
-    for target in stars:
-        if _depth > 8 or target not in pkg.files:
-            why = why or f"`from {target} import *` cannot be followed"
-            continue
-        inner = exports(pkg, target, memo, _depth + 1)
-        names |= _star_names(pkg, target, inner)
-        if inner.open:
-            why = why or f"`from {target} import *`: {inner.why_open}"
-    # Submodules are attributes of a package once imported; `from pkg import submodule` works either way.
-    prefix = module + "."
-    names |= {m[len(prefix):] for m in pkg.files if m.startswith(prefix) and "." not in m[len(prefix):]}
-    memo[module] = Exports(frozenset(names), bool(why), why)
-    return memo[module]
+        return None
+    key = ("__all__", module, hashlib.sha1(src[1].encode()).digest())
+    if key not in _VISITED:
+        declared = _all_of(src[1])
+        _VISITED[key] = None if declared is None else frozenset(declared)
+    return _VISITED[key]
 
 
 def _visit(module: str, is_package: bool, suffix: str, text: str) -> tuple[frozenset[str], tuple[str, ...], str]:
@@ -421,20 +439,58 @@ def _visit(module: str, is_package: bool, suffix: str, text: str) -> tuple[froze
     else:
         own = frozenset(n for n in visited.members if not n.endswith("/*"))
         stars = tuple(getattr(m, "target_path", "") for n, m in visited.members.items() if n.endswith("/*"))
+        # A star import written only for type checkers (lazy modules mirror their names so) never runs: one that
+        # cannot be followed (a stale line naming a module that is not there) makes nothing.
+        typing_only = _typing_only_stars(module, is_package, text)
+        stars = tuple(t for t in stars if t not in typing_only or t.split(".")[0] == module.split(".")[0])
         found = (own, stars, _dynamic(text))
     _VISITED[key] = found
     return found
 
 
-def _star_names(pkg: Package, module: str, inner: Exports) -> set[str]:
-    src = pkg.source(module)
-    declared = _all_of(src[1]) if src else None
-    if declared is not None:
-        return set(declared)
-    return {n for n in inner.names if not n.startswith("_")}
+def _typing_only_stars(module: str, is_package: bool, text: str) -> set[str]:
+    """Absolute targets of `from X import *` lines that appear under `if TYPE_CHECKING:` and nowhere else."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return set()
+    package = module if is_package else module.rpartition(".")[0]
+    typing, runtime = set(), set()
+
+    def target(node: ast.ImportFrom) -> str:
+        if node.level == 0:
+            return node.module or ""
+        base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+        return ".".join([*base, *([node.module] if node.module else [])])
+
+    def visit(body, typed: bool) -> None:
+        for node in body:
+            if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
+                (typing if typed else runtime).add(target(node))
+            elif isinstance(node, ast.If):
+                checking = any(isinstance(n, (ast.Name, ast.Attribute)) and getattr(n, "id", getattr(n, "attr", ""))
+                               == "TYPE_CHECKING" for n in ast.walk(node.test))
+                visit(node.body, typed or checking)
+                visit(node.orelse, typed)
+            elif isinstance(node, ast.Try):
+                for block in (node.body, *(h.body for h in node.handlers), node.orelse, node.finalbody):
+                    visit(block, typed)
+
+    visit(tree.body, False)
+    return typing - runtime
 
 
 def _all_of(text: str) -> list[str] | None:
+    # Most modules that declare __all__ do it once, as a literal at the end (transformers' 1,000 modeling files):
+    # parse that tail alone before the whole file.
+    at = text.rfind("\n__all__ = ")
+    if at >= 0 and text.count("__all__") == 1:
+        try:
+            tail = ast.parse(text[at + 1:])
+            if len(tail.body) == 1 and isinstance(tail.body[0], ast.Assign):
+                return list(ast.literal_eval(tail.body[0].value))
+        except (SyntaxError, ValueError):
+            pass
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError):
@@ -462,7 +518,10 @@ def _dynamic(text: str) -> str:
         if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
             return "a module __getattr__ makes names on demand"
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "globals":
+        # globals()[name] = …, globals().update(…): reading globals()["__file__"] makes nothing.
+        if isinstance(node, ast.Subscript) and _is_globals(node.value) and isinstance(node.ctx, ast.Store):
+            return "it writes globals()"
+        if isinstance(node, ast.Attribute) and _is_globals(node.value) and node.attr in ("update", "setdefault"):
             return "it writes globals()"
         if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and \
                 node.value.attr == "modules" and isinstance(node.ctx, ast.Store):
@@ -471,20 +530,22 @@ def _dynamic(text: str) -> str:
     return ""
 
 
-def resolve(pkg: Package, dotted: str, cache: dict[str, Exports]) -> str | None:
+def _is_globals(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "globals"
+
+
+def resolve(pkg: Package, dotted: str, cache: dict) -> str | None:
     """None when `dotted` (module, or module + name) exists in the package; else why not ('open: …' when the
     module makes its names at run time, so absence cannot be judged)."""
     parts = dotted.split(".")
-    if ".".join(parts) in pkg.files:
+    if dotted in pkg.files:
         return None
     for i in range(len(parts) - 1, 0, -1):
         module = ".".join(parts[:i])
         if module not in pkg.files:
             continue
-        ex = exports(pkg, module, cache)
-        if parts[i] in ex.names:
-            return None
-        if ex.open:
-            return f"open: {module} ({ex.why_open})"
+        found = lookup(pkg, module, parts[i], cache)
+        if found is None or found.startswith("open:"):
+            return found if found is None else f"open: {module} ({found[len('open: '):]})"
         return f"{module} has no name {parts[i]}"
     return f"no module {parts[0] if len(parts) == 1 else '.'.join(parts[:-1])}"
