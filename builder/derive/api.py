@@ -22,6 +22,7 @@ import hashlib
 import re
 import tarfile
 import zipfile
+from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -191,6 +192,13 @@ class _Walker:
         self.found: list[Use] = []
         self.internal: list[str] = []
         self.lazy_annotations = False
+        # Which of this module's functions run at import time: called from module level (a logger made by
+        # LoggerFactory.create_logger(), a class instantiated) or from such a function. Their uses are "import".
+        self._owner: str | None = None  # the function whose body is being walked ("f", "Class.method")
+        self._class: str | None = None
+        self._owned: list[tuple[int, str]] = []  # (index into found, owner)
+        self._calls: dict[str, set[str]] = defaultdict(set)  # caller ("" = import time) -> callees
+        self._classes: set[str] = set()
 
     def run(self, text: str) -> None:
         try:
@@ -200,6 +208,20 @@ class _Walker:
         self.lazy_annotations = any(isinstance(n, ast.ImportFrom) and n.module == "__future__" and
                                     any(a.name == "annotations" for a in n.names) for n in tree.body)
         self._block(tree.body, {}, guarded=False, phase="import")
+        self._promote()
+
+    def _promote(self) -> None:
+        running, todo = set(), list(self._calls.get("", ()))
+        while todo:
+            callee = todo.pop()
+            for name in (callee, f"{callee}.__init__", f"{callee}.__post_init__") if callee in self._classes \
+                    else (callee,):
+                if name not in running:
+                    running.add(name)
+                    todo.extend(self._calls.get(name, ()))
+        for at, owner in self._owned:
+            if owner in running and self.found[at].phase == "call":
+                self.found[at] = Use(self.found[at].path, self.module, "import")
 
     # statements --------------------------------------------------------------------------------------
     def _block(self, body: list[ast.stmt], aliases: dict[str, str], guarded: bool, phase: str) -> None:
@@ -242,11 +264,21 @@ class _Walker:
             for d in node.decorator_list:
                 self._expr(d, aliases, guarded, phase)
             self._arguments(node.args, node.returns, aliases, guarded, phase)
+            outer = self._owner
+            # Module functions and methods of module classes are named; nested ones share their parent's name.
+            if outer is None:
+                self._owner = f"{self._class}.{node.name}" if self._class else node.name
             self._block(node.body, dict(aliases), guarded, "call")
+            self._owner = outer
         elif isinstance(node, ast.ClassDef):
             for e in (*node.decorator_list, *node.bases, *(k.value for k in node.keywords)):
                 self._expr(e, aliases, guarded, phase)
+            outer = self._class
+            if self._owner is None and outer is None:
+                self._class = node.name
+                self._classes.add(node.name)
             self._block(node.body, dict(aliases), guarded, phase)
+            self._class = outer
         elif isinstance(node, (ast.With, ast.AsyncWith)):
             for item in node.items:
                 self._expr(item.context_expr, aliases, guarded, phase)
@@ -276,6 +308,11 @@ class _Walker:
 
     # expressions -------------------------------------------------------------------------------------
     def _expr(self, node: ast.AST, aliases: dict[str, str], guarded: bool, phase: str) -> None:
+        if isinstance(node, ast.Call) and not guarded:
+            caller = "" if phase == "import" else self._owner
+            callee = self._callee(node.func)
+            if callee is not None and caller is not None:
+                self._calls[caller].add(callee)
         if isinstance(node, ast.Attribute):
             chain = _chain(node)
             if chain is not None and chain[0] in aliases:
@@ -306,6 +343,17 @@ class _Walker:
                 self._expr(child, aliases, guarded, phase)
 
     # helpers -----------------------------------------------------------------------------------------
+    def _callee(self, func: ast.expr) -> str | None:
+        """The module function or method a call names: f(), Class.method(), self.method() inside Class."""
+        if isinstance(func, ast.Name):
+            return func.id
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+            owner = func.value.id
+            if owner in ("self", "cls") and self._class:
+                owner = self._class
+            return f"{owner}.{func.attr}"
+        return None
+
     def _absolute(self, node: ast.ImportFrom) -> str | None:
         if node.level == 0:
             return node.module
@@ -326,6 +374,8 @@ class _Walker:
 
     def _ref(self, dotted: str, guarded: bool, phase: str) -> None:
         if not guarded and dotted.split(".")[0] in self.stack and dotted.split(".")[0] != self.top:
+            if phase == "call" and self._owner is not None:
+                self._owned.append((len(self.found), self._owner))
             self.found.append(Use(dotted, self.module, phase))
 
     def _test(self, test: ast.expr) -> str:

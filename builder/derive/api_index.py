@@ -54,6 +54,8 @@ class Index:
     uses: dict[str, dict[str, set[tuple]]] = field(default_factory=lambda: defaultdict(dict))
     status: dict[str, dict[str, dict[str, str | None]]] = field(
         default_factory=lambda: defaultdict(lambda: defaultdict(dict)))
+    # Modules of a provider (among the prefixes of paths consumers use) that exist in at least one indexed release.
+    modules: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
 
     def interest(self, provider: str) -> set[str]:
         return {u[1] for per in self.uses.values() for found in per.values() for u in found if u[0] == provider}
@@ -67,6 +69,7 @@ class Index:
             name = doc["package"]
             order = sort_versions(doc["releases"])
             idx.releases[name] = dict(doc["releases"])
+            idx.modules[name] = set(doc.get("modules", ()))
             per: dict[str, set[tuple]] = defaultdict(set)
             for row in doc["uses"]:
                 for v in expand(row["releases"], order):
@@ -108,7 +111,8 @@ class Index:
                 interest[path] = row
             out[name] = {"format": FORMAT, "package": name, "import": pkgs[name]["import"],
                          "generated_by": GENERATED_BY,
-                         "releases": {v: rels[v] for v in order}, "uses": uses, "interest": interest}
+                         "releases": {v: rels[v] for v in order}, "modules": sorted(self.modules.get(name, ())),
+                         "uses": uses, "interest": interest}
         return out
 
     def texts(self) -> dict[str, str]:
@@ -166,6 +170,7 @@ def refresh(index: Index, fetch: Callable[[str, dict], Path], projects: Callable
             raise ValueError(f"{name}: no such final release on the index: {', '.join(sorted(missing))}")
         wanted[name] = chosen
     before = {prov: index.interest(prov) for prov in pkgs}
+    opened: dict[tuple[str, str, str], str] = {}
     for name, chosen in wanted.items():
         p = pkgs[name]
         for v, f in sorted(chosen.items(), key=lambda kv: Version(kv[0])):
@@ -175,7 +180,8 @@ def refresh(index: Index, fetch: Callable[[str, dict], Path], projects: Callable
             pkg = api.Package.read(path, [p["import"]])
             found = api.uses(pkg, p["import"], p["surface"], stack) if p["surface"] else []
             index.uses[name][v] = {(stack[u.path.split(".")[0]], u.path, u.module, u.phase) for u in found}
-            progress(f"{name} {v}: {len(found)} uses ({time.monotonic() - start:.1f} s)")
+            progress(f"{name} {v}: {f['filename']} (sha256 {f['digests']['sha256'][:12]}): {len(found)} uses "
+                     f"({time.monotonic() - start:.1f} s)")
     for prov, p in pkgs.items():
         interest = index.interest(prov)
         grown = interest - before.get(prov, set())
@@ -192,6 +198,18 @@ def refresh(index: Index, fetch: Callable[[str, dict], Path], projects: Callable
             pkg = api.Package.read(path, [p["import"]])
             cache: dict = {}
             for dotted in paths:
-                index.status[prov][dotted][v] = api.resolve(pkg, dotted, cache)
+                status = api.resolve(pkg, dotted, cache)
+                parts = dotted.split(".")
+                prefixes = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+                index.modules[prov].update(m for m in prefixes if m in pkg.files)
+                if status and status.startswith("open:"):
+                    opened[(prov, dotted, v)] = next(m for m in prefixes if m not in pkg.files)
+                index.status[prov][dotted][v] = status
             progress(f"{prov} {v}: {len(paths)} names checked")
+    # A parent that makes names at run time (torch's __init__ writes globals() from its C extension) still does not
+    # make a name that is a *module* of the package in other releases: torch.compiler is a package from 2.1, so a
+    # release without the package has no torch.compiler, whatever torch.__getattr__ does.
+    for (prov, dotted, v), missing in opened.items():
+        if missing in index.modules[prov]:
+            index.status[prov][dotted][v] = f"no module {missing} (a module in other releases of {prov})"
     return index

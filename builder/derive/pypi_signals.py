@@ -26,6 +26,7 @@ from packaging.version import InvalidVersion, Version
 
 from builder import fsutil, log
 from builder.boundary import pypi
+from builder.derive import api_index
 from builder.errors import UserError
 from builder.model.matrix import PACKAGES
 from builder.model.signals import DATA, load, normalise_platform
@@ -33,9 +34,8 @@ from builder.model.signals import DATA, load, normalise_platform
 GENERATED_BY = "python -m builder refresh-compat --signals (builder/derive/pypi_signals.py)"
 # The oldest release worth judging per package: older than anything a supported stack pins (torch 2.0 is the
 # oldest minor in compat.yaml; the others are the releases of that time).
-FLOORS = {"torch": "2.0", "transformers": "4.30", "deepspeed": "0.9", "peft": "0.4", "accelerate": "0.20",
-          "tokenizers": "0.13", "datasets": "2.10", "huggingface-hub": "0.14", "nvidia-ml-py": "11.450",
-          "flash-attn": "2.0"}
+# The oldest release read per package: the same floors as the names index (data/knowledge/surface.yaml `since`).
+FLOORS = {name: row["since"] for name, row in api_index.surface().items()}
 STACK = frozenset(canonicalize_name(p) for p in (*PACKAGES, "python"))
 # Linux platforms the images run on; musllinux is left out: every base is a glibc distribution.
 ARCHES = ("_x86_64", "_aarch64")

@@ -286,6 +286,14 @@ def derivations(entry: Entry) -> list[tuple[str, str, str, str]]:
                  "image": "NVIDIA's devel image"}[source["kind"]]
         out.append(("ops toolchain", f"nvcc from {where}", f"host compiler {source.get('host_cxx', 'g++')}, "
                     f"CUDA_HOME {source['cuda_home']}", source["source"]))
+    claimed = claimed_gpus(entry)
+    if entry.gpus is None:
+        offered = t["claims"].get(str(Version(entry.cuda).major), ())
+        dropped = [g for g in offered if g not in claimed]
+        out.append(("claimed GPUs", ", ".join(claimed) or "none", f"the CUDA {Version(entry.cuda).major} line's "
+                    "GPUs that torch's build" + (" and flash-attn" if entry.pins.get("flash-attn") else "") +
+                    " have code for" + (f" (not {', '.join(dropped)})" if dropped else ""),
+                    "data/knowledge/archs.yaml; compat.yaml toolchain.claims"))
     archs = t["cuda_archs"].get(entry.cuda)
     if archs is not None:
         arch_list = entry.cuda_archs or archs["default"]

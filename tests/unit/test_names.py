@@ -86,6 +86,32 @@ def test_what_the_code_guards_is_not_a_use(tmp_path):
                         "accel.Script"}
 
 
+def test_a_function_the_module_calls_at_import_time_runs_at_import_time(tmp_path):
+    # deepspeed.utils.logging: `logger = LoggerFactory.create_logger()` at module level runs a method that uses
+    # torch.compiler.is_compiling: `import deepspeed` fails on a torch without it, not some later call.
+    found = uses_of(tmp_path, {"consumer/__init__.py": """
+        import torch
+        class LoggerFactory:
+            @staticmethod
+            def create_logger():
+                return helper()
+            def never(self):
+                return torch.only_when_called()
+        def helper():
+            return torch.compiler.is_compiling()
+        class Engine:
+            def __init__(self):
+                self.setup()
+            def setup(self):
+                torch.cuda.set_device(0)
+        logger = LoggerFactory.create_logger()
+        DEFAULT = Engine()
+        handler = lambda: torch.lazy_thing()
+    """})
+    assert {("torch.compiler.is_compiling", "import"), ("torch.cuda.set_device", "import"),
+            ("torch.only_when_called", "call"), ("torch.lazy_thing", "call")} <= found
+
+
 def test_the_walk_follows_the_package_s_own_imports_at_import_time_only(tmp_path):
     found = uses_of(tmp_path, {
         "consumer/__init__.py": "from .trainer import Trainer\n",
