@@ -15,7 +15,7 @@ from importlib import resources
 import yaml
 from packaging.version import Version
 
-from builder.model import compat
+from builder.model import rulebook
 from builder.model.matrix import Entry
 from builder.model.verdict import Outcome
 
@@ -104,7 +104,7 @@ def _listed(row: dict) -> str:
 
 
 def capability(gpu: str) -> str | None:
-    return compat.gpu_capability(gpu)
+    return rulebook.gpu_capability(gpu)
 
 
 def evaluate(entry: Entry, gpus: tuple[str, ...], explicit: bool) -> list[Outcome]:
@@ -129,7 +129,7 @@ def evaluate(entry: Entry, gpus: tuple[str, ...], explicit: bool) -> list[Outcom
 def toolkit_bound(cuda: str) -> list[str] | None:
     """The SM versions CUDA `cuda`'s nvcc can compile (compat.yaml toolchain.cuda_archs): no build of that CUDA
     line carries SASS for a newer GPU, whatever its arch list."""
-    row = compat.rules()["toolchain"]["cuda_archs"].get(cuda)
+    row = rulebook.rules()["toolchain"]["cuda_archs"].get(cuda)
     return row["nvcc"] if row else None
 
 
@@ -187,7 +187,7 @@ def default_gpus(entry: Entry) -> tuple[str, ...]:
     """The GPUs an entry without `gpus:` claims: compat.yaml toolchain.claims for its CUDA major, less those the
     torch build (and a pinned flash-attn) has no code for or refuses. Derived, so a default never rejects an
     entry; a GPU whose data is missing stays (evaluate says it could not be judged)."""
-    claims = compat.rules()["toolchain"]["claims"].get(str(Version(entry.cuda).major), ())
+    claims = rulebook.rules()["toolchain"]["claims"].get(str(Version(entry.cuda).major), ())
     torch_row = torch_archs(entry.torch, entry.cuda)
     fa = entry.pins.get("flash-attn")
     fa_row = flash_attn_archs(fa, entry.cuda) if fa else None

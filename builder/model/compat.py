@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from importlib import resources
 
-import yaml
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
@@ -36,6 +34,7 @@ from builder.errors import CompatError, EnvironmentProblem
 from builder.model import archs as kernels
 from builder.model import bugs, names, signals
 from builder.model.matrix import Entry
+from builder.model.rulebook import gpu_capability, minor, rules  # noqa: F401 (compat.rules etc. are the API)
 from builder.model.verdict import Outcome, Violation
 
 PYPI_HOSTS = ("pypi.org", "pypi.python.org", "files.pythonhosted.org")
@@ -49,17 +48,6 @@ RECIPE_STEPS = ("render", "lock", "build", "repro", "smoke")
 
 class RecipeLimit(EnvironmentProblem):
     """The combination works, but this project's recipe cannot build it from the sources it reaches."""
-
-
-@lru_cache(maxsize=1)
-def rules() -> dict:
-    text = resources.files("builder").joinpath("data/compat.yaml").read_text(encoding="utf-8")
-    return yaml.safe_load(text)
-
-
-def minor(version: str) -> str:
-    v = Version(version)
-    return f"{v.major}.{v.minor}"
 
 
 def _torch_facts(entry: Entry) -> dict | None:
@@ -147,32 +135,6 @@ def nvcc_source(entry: Entry) -> dict | None:
             continue
         return rule
     return None
-
-
-def gpu_capability(gpu: str) -> str | None:
-    """The compute capability of a GPU model as users write it: "H100", "RTX 5090", "Tesla V100-SXM2", "a100"
-    (case, spaces, '-'/'_' and vendor words do not matter); None when compat.yaml toolchain.gpus lacks it."""
-    gpus = rules()["toolchain"]["gpus"]
-    keys, key = _gpu_keys(tuple(gpus["capability"].items())), _gpu_key(gpu)
-    if key in keys:
-        return keys[key]
-    # A variant of a listed model (H100-SXM5-80GB, A100-PCIE-40GB): the longest listed name it begins with.
-    model = max((k for k in keys if key.startswith(k) and not key[len(k):len(k) + 1].isdigit()), key=len, default=None)
-    if model is not None:
-        return keys[model]
-    return next((f["capability"] for f in gpus.get("families", ()) if re.match(f["match"], key)), None)
-
-
-def _gpu_key(name: str) -> str:
-    key = re.sub(r"[\s_-]+", "", name.upper())
-    for word in ("NVIDIA", "TESLA", "GEFORCE", "QUADRO"):
-        key = key.removeprefix(word)
-    return key
-
-
-@lru_cache(maxsize=4)
-def _gpu_keys(items: tuple) -> dict[str, str]:
-    return {_gpu_key(name): cap for name, cap in items}
 
 
 def claimed_gpus(entry: Entry) -> tuple[str, ...]:
