@@ -41,6 +41,9 @@ NOTE_RE = re.compile(r"[^\x00-\x1f\x7f\\`$\u0085\u2028\u2029]{0,300}")  # one pr
 # huggingface-hub otherwise come at whatever version the resolver picks; pinned, the compatibility checks judge them.
 REQUIRED_PACKAGES = ("torch", "transformers", "deepspeed", "peft", "accelerate", "nvidia-ml-py")
 OPTIONAL_PACKAGES = ("flash-attn", "tokenizers", "datasets", "huggingface-hub")
+# Unpinned, these come at the version the resolver picks (transformers needs tokenizers and huggingface-hub), so they
+# are left out of the pins altogether; an unpinned flash-attn is a pin of None: the image must not have it.
+RESOLVER_PICKS = ("tokenizers", "datasets", "huggingface-hub")
 PACKAGES = REQUIRED_PACKAGES + OPTIONAL_PACKAGES
 # Lock files an entry may declare it cannot complete (with the reason): the one visible exception to
 # "every lock pinned", checked by `lock --check` and shown in the catalog.
@@ -355,7 +358,7 @@ def _read_entry(raw, index: int, defaults: dict, report: _Reporter, line: int = 
             continue
         lines[key] = line
         values[key] = checker(value, lambda m, h="", k=key, ln=line: report.fail(ln, f"{name}, field '{k}'", m, h))
-    pins = {p: values.get(p) for p in PACKAGES}
+    pins = {p: values.get(p) for p in PACKAGES if p not in RESOLVER_PICKS or values.get(p) is not None}
     return Entry(
         tag=values["tag"], image=defaults["image"], base=values["base"], python=values["python"],
         cuda=values["cuda"], pins=pins, index_url=values.get("index_url", FALLBACKS["index_url"]),

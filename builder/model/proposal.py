@@ -20,9 +20,9 @@ import yaml
 from packaging.version import Version
 
 from builder.model import compat, knowledge
-from builder.model.matrix import PACKAGES, Entry, Matrix
+from builder.model.matrix import REQUIRED_PACKAGES, Entry, Matrix
 
-STACK = tuple(p for p in PACKAGES if p not in ("torch", "flash-attn"))  # what the newest releases are read for
+STACK = tuple(p for p in REQUIRED_PACKAGES if p != "torch")  # what the newest releases are read for
 TAG_HEAD = re.compile(r"cu\d+-torch\d+\.\d+")  # the project's tag scheme: cu<CUDA>-torch<minor>[-<base>]
 # Lock exceptions that belong to the base (copied from the template); a flash-attn.lock exception is per wheel.
 BASE_EXCEPTIONS = ("apt.lock",)

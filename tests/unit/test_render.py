@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from builder.model import matrix
@@ -72,3 +73,24 @@ def test_committed_tree_is_up_to_date(monkeypatch, capsys):
     assert run_cli("lock", "--check") == 0, capsys.readouterr().err
 
 
+
+
+def test_the_image_check_accepts_what_the_resolver_picks_for_an_unpinned_package(project):
+    # transformers needs tokenizers and huggingface-hub: an entry that does not pin them gets the resolver's versions,
+    # and the in-image check (smoke/facts.compare_pins, where a null pin means "must be absent") must not fail on
+    # them. A pinned one is checked at its version; an unpinned flash-attn still must be absent.
+    from smoke import facts as smoke_facts
+
+    for entry in matrix.load(project / "matrix.yaml").entries:
+        pins = json.loads(render.render_entry(entry)["image.json"])["pins"]
+        assert not set(pins) & set(matrix.RESOLVER_PICKS), entry.tag
+        installed = {**{n: v for n, v in pins.items() if v}, "tokenizers": "0.21.1", "huggingface-hub": "0.30.2"}
+        assert all(ok for _, ok, _ in smoke_facts.compare_pins(pins, installed)), entry.tag
+    text = (project / "matrix.yaml").read_text().replace("    flash-attn: 2.6.3\n", "    flash-attn: 2.6.3\n"
+                                                         "    tokenizers: 0.19.1\n", 1)
+    (project / "matrix.yaml").write_text(text)
+    pinned = matrix.load(project / "matrix.yaml").by_tag()["cu121-torch2.3"]
+    pins = json.loads(render.render_entry(pinned)["image.json"])["pins"]
+    assert pins["tokenizers"] == "0.19.1" and "flash-attn" in pins
+    results = {n: ok for n, ok, _ in smoke_facts.compare_pins(pins, {**pins, "tokenizers": "0.20.0"})}
+    assert results["tokenizers"] is False
