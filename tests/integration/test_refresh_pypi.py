@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from importlib import resources
+
 import pytest
 
 from builder.model import compat
@@ -28,7 +30,7 @@ def test_torch_facts_from_pypi_agree_with_compat_yaml():
 @pytest.mark.network
 def test_refresh_lists_flash_attn_releases_and_writes_nothing(tmp_path, capsys):
     path = tmp_path / "compat.yaml"
-    original = (compat.resources.files("builder") / "data/compat.yaml").read_text()
+    original = (resources.files("builder") / "data/compat.yaml").read_text()
     path.write_text(original)
     code = refresh.main(refresh.Options(compat_file=str(path)))
     out = capsys.readouterr().out
