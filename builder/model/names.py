@@ -33,6 +33,16 @@ def index() -> dict[str, dict]:
     return out
 
 
+def _never(doc: dict) -> frozenset[str]:
+    """Paths that no indexed release of the package has. A shipped consumer release cannot fail on every provider
+    release ever made, so such a path is not a version mismatch: the provider makes the name at run time where the
+    static reading cannot see it (torch.cuda.FloatTensor comes from torch._C at import), or the consumer's line is
+    dead code (peft's `torch.nn.Mmodule`). Either way the index cannot judge it, and says so instead of rejecting."""
+    order = list(doc["releases"])
+    return frozenset(path for path, status in doc["interest"].items()
+                     if status.get("absent") and len(expand(status["absent"], order)) == len(order))
+
+
 def ranges(members, order: list[str]) -> str:
     """'a..b c' for the releases `members`, as runs of consecutive releases of `order` (sorted)."""
     wanted = set(members)
@@ -110,10 +120,14 @@ def _pair(entry: Entry, doc: dict, consumer: str, c_version: str, pdoc: dict | N
     needed = [row for row in doc["uses"] if row["provider"] == provider and not _dunder(row["path"])
               and within(c_version, row["releases"], doc["_order"])]
     missing, unjudged, stale = [], [], []
+    if pdoc.get("_never") is None:
+        pdoc["_never"] = _never(pdoc)
     for row in needed:
         status = pdoc["interest"].get(row["path"])
         if status is None:
             stale.append(row)
+        elif row["path"] in pdoc["_never"]:
+            unjudged.append(row)
         elif within(p_version, status.get("absent", ""), pdoc["_order"]):
             missing.append((row, status["why"]))
         elif within(p_version, status.get("open", ""), pdoc["_order"]):
@@ -135,7 +149,8 @@ def _pair(entry: Entry, doc: dict, consumer: str, c_version: str, pdoc: dict | N
         shown = "; ".join(_say(row, why) for row, why in sorted(in_calls, key=lambda m: m[0]["path"])[:SHOWN])
         note = f"; inside functions only, not judged: {shown}" + (
             f" (+{len(in_calls) - SHOWN} more)" if len(in_calls) > SHOWN else "")
-    note += f"; {len(unjudged)} in modules that make names at run time not judged" if unjudged else ""
+    note += (f"; {len(unjudged)} not judged (in modules that make names at run time, or in no indexed release "
+             f"of {provider})") if unjudged else ""
     note += f"; {len(stale)} not yet checked against {provider} (run refresh-compat --api)" if stale else ""
     return Outcome(rule, "names", consumer, True,
                    f"the {len(needed) - len(in_calls)} names {consumer} {c_version} uses from {provider} exist in "

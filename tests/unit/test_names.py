@@ -221,6 +221,26 @@ def test_a_module_that_makes_names_at_run_time_is_not_judged(monkeypatch):
     assert only.ok is True and "not judged" in only.reason
 
 
+def test_a_name_no_indexed_release_has_is_not_judged_at_any_phase(monkeypatch):
+    # torch.cuda.FloatTensor is made by torch._C at import (the static read sees no such name in any release); a
+    # consumer release cannot have shipped failing against every provider release, so this is no version mismatch.
+    fake_index(monkeypatch, {
+        "deepspeed": doc("deepspeed", ["0.15.0"], [
+            {"provider": "torch", "path": "torch.cuda.FloatTensor", "in": "deepspeed.runtime.utils", "phase": "import",
+             "releases": "0.15.0"},
+            {"provider": "torch", "path": "torch.compiler.is_compiling", "in": "deepspeed.utils.logging",
+             "phase": "import", "releases": "0.15.0"}]),
+        "torch": doc("torch", ["2.1.2", "2.3.1"], interest={
+            "torch.cuda.FloatTensor": {"absent": "2.1.2..2.3.1", "why": "torch.cuda has no name FloatTensor"},
+            "torch.compiler.is_compiling": {"absent": "2.1.2", "why": "torch.compiler has no name is_compiling"}}),
+    })
+    (newer,) = names.evaluate(entry_with(deepspeed="0.15.0", torch="2.3.1"))
+    assert newer.ok is True and "1 not judged" in newer.reason and "no indexed release of torch" in newer.reason
+    (older,) = names.evaluate(entry_with(deepspeed="0.15.0", torch="2.1.2"))
+    # The name some releases have still rejects; the one none has is not what it names.
+    assert older.ok is False and "is_compiling" in older.reason and "FloatTensor" not in older.reason
+
+
 def test_the_index_round_trips_through_its_files(tmp_path, monkeypatch):
     idx = api_index.Index()
     idx.releases["peft"] = {"0.13.0": {"file": "peft-0.13.0.whl", "sha256": "a" * 64},
