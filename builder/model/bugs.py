@@ -72,7 +72,17 @@ def evaluate(entry: Entry, accepted: tuple[str, ...] = (), ops: bool = True) -> 
     """One outcome per known bug that the entry's pins fall into, in the data's order. `accepted`: bug ids or
     issue URLs the entry declares it lives with (silent bugs only). ops=False: the stack never compiles
     DeepSpeed's CUDA ops, so rows with `needs: ops` do not apply."""
-    return [_outcome(entry, row, accepted) for row in _checked() if applies(row, entry, ops)]
+    found = [_outcome(entry, row, accepted) for row in _checked() if applies(row, entry, ops)]
+    known = {key for row in _checked() for key in (row["id"], row["issue"])}
+    return found + [_unknown(ref) for ref in accepted if ref not in known]
+
+
+def _unknown(ref: str) -> Outcome:
+    # A typo in an acceptance would leave the user believing a bug is accepted (or a stale one would accept
+    # nothing): say so instead of ignoring it.
+    return Outcome("accept-bugs-known", "bug", "accept_bugs", False,
+                   f"accept_bugs names {ref!r}, which no row of {DATA} has (neither its id nor its issue URL); "
+                   "write the id or issue URL that `validate` printed for the bug, or drop it", DATA)
 
 
 def applies(row: dict, entry: Entry, ops: bool = True) -> bool:

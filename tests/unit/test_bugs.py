@@ -12,6 +12,7 @@ from packaging.specifiers import SpecifierSet
 
 from builder.model import bugs
 from builder.model.matrix import PACKAGES, Entry
+from tests.unit.test_compat_corpus import complete
 
 ROWS = bugs.rows()
 IDS = [row["id"] for row in ROWS]
@@ -222,3 +223,14 @@ def test_a_malformed_data_file_stops_the_judge(monkeypatch):
     finally:
         monkeypatch.undo()
         bugs._checked.cache_clear()
+
+
+def test_an_acceptance_that_names_no_known_bug_rejects_naming_the_field():
+    base = {"id": "t", "source": "https://github.com/x/y", "python": "3.11", "cuda": "12.4", "deepspeed": "0.18.0"}
+    row = next(r for r in bugs.rows() if r["id"] == "deepspeed-zero12-ga-grads-dropped")
+    for known in (row["id"], row["issue"]):
+        found = bugs.evaluate(complete({**base, "accept_bugs": [known]}), (known,))
+        assert [o.ok for o in found if o.rule == row["id"]] == [None] and not [o for o in found if o.ok is False]
+    (typo,) = [o for o in bugs.evaluate(complete(base), ("deepspeed-zero12-ga-grads-droped",)) if o.ok is False
+               and o.rule == "accept-bugs-known"]
+    assert typo.field == "accept_bugs" and "deepspeed-zero12-ga-grads-droped" in typo.reason
