@@ -13,6 +13,7 @@ import tarfile
 
 from builder.boundary import engine
 from builder.errors import StepFailed
+from builder.model import schemas
 
 IN_IMAGE_SCRIPT = "/opt/train-image/smoke/installed.py"
 FACTS = "/opt/train-image/image.json"
@@ -102,12 +103,20 @@ def _image_name(image) -> str:
 
 
 def read_facts(image) -> dict:
-    """The image's facts file (see _copy_out)."""
+    """The image's facts file (see _copy_out), checked against builder/schemas/facts.schema.json where it is read:
+    the image comes from outside (any registry), and a list, or `pins` as text, must be one line, not a traceback
+    in whichever caller reads a field first."""
     try:
-        return json.loads(next(iter(_copy_out(image, FACTS).values())))
+        data = json.loads(next(iter(_copy_out(image, FACTS).values())))
     except Exception as exc:  # noqa: BLE001 - NotFound, bad tar, bad JSON: one answer for the user
         raise StepFailed(f"{_image_name(image)} has no readable {FACTS} ({type(exc).__name__})",
                          "this is not a train-images image, or it was built incorrectly") from None
+    wrong = schemas.problems("facts", data)
+    if wrong:
+        more = f" (+{len(wrong) - 1} more)" if len(wrong) > 1 else ""
+        raise StepFailed(f"{_image_name(image)}: {FACTS} is not this builder's facts file: {wrong[0]}{more}",
+                         "this image was not built by this builder, or its facts file was altered: rebuild it")
+    return data
 
 
 LOCKS = "/opt/train-image/locks"

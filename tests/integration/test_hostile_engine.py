@@ -203,17 +203,25 @@ def test_verify_refuses_an_image_whose_labels_contradict_its_facts(fake, tmp_pat
 # --- terminal escapes in what the engine and the image say ----------------------------------------------
 
 
-def test_escape_sequences_from_the_engine_and_the_image_never_reach_the_terminal(fake, tmp_path):
-    """The image's facts (printed in the step line), the engine's description and its error message (the
-    error line) all carry ESC/BEL/C1/CR sequences; the user sees them spelled out, the terminal gets none."""
-    facts = {**FACTS, "tag": f"{CI_TAG}{ESCAPES}", "cuda": ESCAPES}
-    engine = fake(with_facts(facts, **{
+def test_escape_sequences_from_the_engine_never_reach_the_terminal(fake, tmp_path):
+    """The engine's description and its error message (the error line) carry ESC/BEL/C1/CR sequences; the user
+    sees them spelled out, the terminal gets none."""
+    engine = fake(with_facts(FACTS, **{
         "/images/*/json": image({}), "/info": {**INFO, "ServerVersion": ESCAPES},
         "/containers/c0ffee/start": (500, {"message": f"cannot start {ESCAPES}"})}))
     proc = builder(engine.host, "verify", "x/y:z", "--no-pull", "--cpu", cwd=tmp_path)
     line = one_error(proc, 3, "cannot start a container")
     assert "\\x1b]0;pwned\\x07\\x1b[2J\\x9b31m" in line  # shown, not obeyed
-    assert "\\x1b]0;pwned" in proc.stderr.split("error:")[0]  # the image's own tag, in the step line
+
+
+def test_an_image_whose_facts_carry_escape_sequences_is_refused_in_one_spelled_out_line(fake, tmp_path):
+    """The image's facts file names a tag with ESC/BEL/C1/CR in it: not this builder's facts (the schema's tag
+    form), refused where it is read, the sequences spelled out in the one error line, none printed raw."""
+    facts = {**FACTS, "tag": f"{CI_TAG}{ESCAPES}", "cuda": ESCAPES}
+    engine = fake(with_facts(facts, **{"/images/*/json": image({}), "/info": INFO}))
+    proc = builder(engine.host, "verify", "x/y:z", "--no-pull", "--cpu", cwd=tmp_path)
+    line = one_error(proc, 1, "/opt/train-image/image.json", "field ")
+    assert "\\u001b]0;pwned\\u0007" in line  # shown, not obeyed
 
 
 @pytest.mark.parametrize("said", ["banana", "Docker version \x1b[31m20", ""], ids=["word", "banner", "nothing"])

@@ -5,6 +5,7 @@ every instruction, as the clean entry."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -253,3 +254,41 @@ def test_any_archive_bytes_give_a_manifest_or_a_user_error(damage):
         manifest.build_manifest(saved, "image.tar")
     except UserError as exc:
         assert exc.message.startswith("image.tar: ")
+
+
+# --- the image's facts file: read from whatever image a registry serves -------------------------------------
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12),
+                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner,
+                                                                                   max_size=4), max_leaves=12)
+_FACTS = json.loads((Path(__file__).resolve().parents[2] / "dockerfiles" / "cu130-torch2.13" / "image.json")
+                    .read_text())
+
+
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(_JSON, st.tuples(st.sampled_from(sorted(_FACTS)), _JSON)))
+def test_any_facts_file_is_read_whole_or_refused_in_one_line(drawn):
+    """/opt/train-image/image.json of a pulled image, any JSON at all or the real one with one field of any
+    shape: `read_facts` returns a document every reader can use (the schema holds) or refuses in one line
+    naming the file, never a traceback in whichever reader touches the field first."""
+    from builder.boundary import inspect
+    from builder.errors import StepFailed
+    from builder.model import schemas
+
+    if isinstance(drawn, tuple):
+        key, value = drawn
+        data = {**_FACTS, key: value}
+    else:
+        data = drawn
+    original = inspect._copy_out
+    inspect._copy_out = lambda image, path: {"image.json": json.dumps(data).encode()}
+    try:
+        try:
+            facts = inspect.read_facts(type("Image", (), {"tags": ["x/train:t"], "id": "sha256:" + "0" * 64})())
+        except StepFailed as exc:
+            assert "\n" not in str(exc) and inspect.FACTS in str(exc)
+            assert schemas.problems("facts", data), "a valid facts file was refused"
+        else:
+            assert not schemas.problems("facts", facts) and isinstance(facts["pins"], dict)
+    finally:
+        inspect._copy_out = original
