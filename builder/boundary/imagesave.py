@@ -27,6 +27,7 @@ import zstandard
 from builder import fsutil, log
 from builder.boundary import buildkit, engine, process, tarstream
 from builder.errors import EnvironmentProblem, UserError
+from builder.model import manifest as manifest_model
 from builder.model import paths, reference
 from builder.model.manifest import build_manifest
 
@@ -325,7 +326,10 @@ def manifest(image: str, cache: bool = True) -> dict:
         result = json.loads(cached.read_text()) if cache and cached.exists() else None
     except (OSError, ValueError):
         result = None  # a damaged cache entry is rebuilt, not trusted
-    if isinstance(result, dict):
+    if result is not None and not manifest_model.well_formed(result):
+        log.info(f"warning: the manifest cache {cached} is not a whole manifest of this image: rebuilt")
+        result = None
+    if result is not None:
         result["image"] = image
         result["stats"] = {"seconds": round(time.monotonic() - started, 1), "cached": True}
         return result

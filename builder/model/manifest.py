@@ -100,6 +100,32 @@ def build_manifest(saved: dict, image: str) -> dict:
     return manifest
 
 
+def _text(value, optional: bool = False) -> bool:
+    return isinstance(value, str) or (optional and value is None)
+
+
+def well_formed(doc) -> bool:
+    """Is `doc` a whole manifest of this format? The manifest cache (keyed by image ID) sits on disk
+    where anything can damage it (a truncated write by another tool, an edit, an older builder): an entry that
+    is not exactly what build_manifest writes is rebuilt, never half-trusted into a KeyError."""
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or not _text(doc.get("config_digest")):
+        return False
+    totals, files = doc.get("totals"), doc.get("files")
+    layers, python, os_ = doc.get("layers"), doc.get("python_packages"), doc.get("os_packages")
+    if not (isinstance(totals, dict) and all(type(totals.get(k)) is int for k in ("files", "paths", "bytes"))):
+        return False
+    if not (isinstance(files, dict) and isinstance(layers, list) and isinstance(python, list)
+            and isinstance(os_, list)):
+        return False
+    return (all(isinstance(e, dict) and _text(e.get("type")) and type(e.get("size", 0)) is int
+                for e in files.values())
+            and all(isinstance(x, dict) and _text(x.get("diff_id")) for x in layers)
+            and all(isinstance(p, dict) and _text(p.get("name")) and _text(p.get("path"))
+                    and _text(p.get("version"), optional=True) for p in python)
+            and all(isinstance(p, dict) and _text(p.get("name")) and _text(p.get("version"), optional=True)
+                    and _text(p.get("architecture"), optional=True) for p in os_))
+
+
 def dumps(result: dict) -> str:
     """The deterministic JSON form: timing (`stats`) is left out, keys sorted."""
     return json.dumps({k: v for k, v in result.items() if k != "stats"}, indent=1, sort_keys=True) + "\n"

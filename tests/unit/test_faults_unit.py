@@ -13,7 +13,7 @@ import pytest
 from builder import fsutil, reports, runner
 from builder.boundary import buildkit, engine, imagesave, process
 from builder.errors import EnvironmentProblem, UserError
-from builder.model import matrix
+from builder.model import manifest, matrix
 from builder.steps import Done
 from tests.unit.test_manifest import LOWER, fake_save
 
@@ -263,3 +263,26 @@ def test_a_repro_rebuild_failing_for_the_machine_is_exit_3(entries, tmp_path, mo
         repro.rebuild(entries[0], repro.Options())
     assert type(caught.value) is (kind or StepFailed)
     assert "the repro build failed" in caught.value.message
+
+
+@pytest.mark.parametrize("damage", [
+    lambda m: {k: v for k, v in m.items() if k != "totals"},  # the KeyError: 'totals' of a hostile report
+    lambda m: {**m, "totals": "many"},
+    lambda m: {**m, "files": {"bin/tool": "file"}},
+    lambda m: {**m, "python_packages": [{"name": 1}]},
+    lambda m: {**m, "format": 0},  # an older builder's entry
+    lambda m: [m],
+], ids=["no-totals", "totals-text", "file-text", "package-name-int", "other-format", "a-list"])
+def test_a_damaged_manifest_cache_entry_is_rebuilt_not_half_trusted(monkeypatch, tmp_path, capsys, damage):
+    monkeypatch.chdir(tmp_path)
+    asked = _fake_docker_save(monkeypatch, 0, "", fake_save([LOWER]))
+    first = imagesave.manifest("example/img:1")
+    (cached,) = (tmp_path / imagesave.CACHE_DIR).glob("*.json")
+    again = imagesave.manifest("example/img:1")
+    assert again["stats"]["cached"] and len(asked) == 1, "a whole entry is read back without a second save"
+    cached.write_text(json.dumps(damage(json.loads(cached.read_text()))))
+    rebuilt = imagesave.manifest("example/img:1")
+    assert not rebuilt["stats"]["cached"] and len(asked) == 2
+    assert rebuilt["totals"] == first["totals"] and rebuilt["files"] == first["files"]
+    assert "is not a whole manifest of this image: rebuilt" in capsys.readouterr().err
+    assert manifest.well_formed(json.loads(cached.read_text())), "the rebuilt entry replaced the damaged one"
