@@ -242,6 +242,16 @@ def image_or_none(ref: str):
     return sdk().images.prepare_model({**attrs, "Config": attrs.get("Config") or {}})
 
 
+def built_image(ref: str):
+    """The image a build just named `ref`. An engine (or a BuildKit exporter) that reports the build done with
+    no image behind the name is not doing what a Docker engine does: one line, exit 3, not ImageNotFound."""
+    found = image_or_none(ref)
+    if found is None:
+        raise not_engine(f"reported the build of {ref} done, but holds no image of that name (removed meanwhile, "
+                         "or the build was exported elsewhere)")
+    return found
+
+
 def _is_image(attrs) -> bool:
     """What the callers read of an image inspection has the shape the Engine API documents."""
     if not isinstance(attrs, dict) or not re.fullmatch(r"sha256:[0-9a-f]{64}", str(attrs.get("Id"))):

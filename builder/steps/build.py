@@ -121,7 +121,7 @@ def run(entry: Entry, options: Options) -> Done:
                                               "duration_s": round(time.monotonic() - started, 1)})
             raise (EnvironmentProblem if environmental else StepFailed)(f"{entry.tag}: {message}", hint)
         with engine.answering("after the build"):
-            image = engine.sdk().images.get(spec.ref)
+            image = engine.built_image(spec.ref)
             found = inspect.installed(spec.ref)
         mismatches = inspect.problems(facts, found)
         over = None if mismatches else diff.over_budget(entry, image, baselines)

@@ -196,7 +196,7 @@ def rebuild(entry, options: Options) -> dict:
         message, hint, environmental = buildkit.explain_failure(output)
         raise (EnvironmentProblem if environmental else StepFailed)(f"{entry.tag}: the repro build failed: {message}",
                                                                      hint)
-    rebuilt = engine.sdk().images.get(spec.ref)
+    rebuilt = engine.built_image(spec.ref)
     if rebuilt.id == existing.id and not spec.rewrite_timestamps:
         # Not a second build: where layers carry the build's file times two builds cannot share an ID, unless
         # BuildKit merged them (it merges identical steps of builds running at once, even with --no-cache; seen

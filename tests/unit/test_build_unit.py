@@ -368,3 +368,18 @@ def test_the_image_a_build_replaces_is_named_only_while_the_build_runs(monkeypat
     with engine.holding("r/y:t", "r/y:t-previous"):  # no image yet: nothing named, nothing removed
         events.append(("build",))
     assert events == [("build",)]
+
+
+def test_a_build_reported_done_with_no_image_behind_it_is_one_line_not_image_not_found(monkeypatch):
+    """The engine (or the exporter) says the build finished, yet no image has the name: build and repro read the
+    image through engine.built_image, which says so in one line (exit 3: this engine is not behaving as one)."""
+    from builder.errors import EnvironmentProblem
+
+    monkeypatch.setattr(engine, "image_or_none", lambda ref: None)
+    with pytest.raises(EnvironmentProblem) as caught:
+        engine.built_image("ghcr.io/x/train:t")
+    assert "reported the build of ghcr.io/x/train:t done" in caught.value.message
+    assert "\n" not in caught.value.message and caught.value.exit_code == 3
+    here = object()
+    monkeypatch.setattr(engine, "image_or_none", lambda ref: here)
+    assert engine.built_image("ghcr.io/x/train:t") is here
