@@ -350,9 +350,12 @@ def explain_failure(output: str) -> tuple[str, str, bool]:
     return "docker build failed: " + " | ".join(tail)[-400:], "see the build log above", False
 
 
-def planned_input_hash(entry: Entry, root: Path = paths.CONTEXT_ROOT / "plan") -> str:
+def planned_input_hash(entry: Entry) -> str:
     """The input hash a CI build of the entry will have (pinned base, no mirror), computed without an engine:
-    the plan compares it with the published image's label to rebuild only what changed."""
-    staged = context.stage(entry, Inputs(), root=root)
-    return input_hash(BuildSpec(entry=entry, context=staged, ref=paths.image_ref(entry), base_ref=entry.base,
-                                base_substituted=False, epoch=source_date_epoch(entry)))
+    the plan compares it with the published image's label to rebuild only what changed. Staged in a private
+    temporary directory (the hash reads the files, not where they lie): planning only reads the checkout, works
+    in a read-only one, and any number of plans at once share nothing."""
+    with tempfile.TemporaryDirectory(prefix="builder-plan-") as scratch:
+        staged = context.stage(entry, Inputs(), root=Path(scratch))
+        return input_hash(BuildSpec(entry=entry, context=staged, ref=paths.image_ref(entry), base_ref=entry.base,
+                                    base_substituted=False, epoch=source_date_epoch(entry)))

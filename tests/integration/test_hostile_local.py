@@ -92,6 +92,37 @@ def test_read_only_verbs_run_on_a_read_only_checkout(checkout):
     assert not (checkout / "build").exists()
 
 
+def test_planning_against_a_registry_runs_on_a_read_only_checkout_four_at_once(checkout, tmp_path):
+    """`matrix --changed-against` compares each entry's planned input hash with the registry's label: the hash
+    stages the entry's files, which must happen in a private scratch directory, not in the checkout's build/
+    (read-only here) nor in one directory shared by four plans at once. A real registry on 127.0.0.1, empty:
+    every entry is read, hashed and planned."""
+    from tests.integration import registry_fixture
+
+    if not _mount_namespace() or not registry_fixture.available():
+        pytest.skip("needs `unshare -m` for a private read-only bind mount and Debian's docker-registry")
+    reg = registry_fixture.Registry(tmp_path / "registry").start()
+    try:
+        out = tmp_path / "out"
+        out.mkdir()
+        runs = [f"(set +e; {PY} -m builder matrix --all --changed-against {reg.host} >{out}/{i}.json 2>{out}/{i}.err; "
+                f"echo $? >{out}/{i}.rc) &" for i in range(4)]
+        script = ["set -e", f"mount --bind {checkout} {checkout}", f"mount -o remount,bind,ro {checkout}",
+                  f"! touch {checkout}/probe 2>/dev/null", *runs, "wait"]
+        proc = subprocess.run(["unshare", "-m", "sh", "-c", "\n".join(script)], cwd=checkout, capture_output=True,
+                              text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        assert proc.returncode == 0, proc.stderr
+    finally:
+        reg.stop()
+    errors = [(out / f"{i}.err").read_text() for i in range(4)]
+    assert [(out / f"{i}.rc").read_text().strip() for i in range(4)] == ["0"] * 4, errors
+    assert not any("Traceback" in e for e in errors), errors
+    planned = [json.loads((out / f"{i}.json").read_text()) for i in range(4)]
+    assert all(p == planned[0] for p in planned) and TAGS[1] in json.dumps(planned[0])
+    assert all("inputs changed: planned" in e for e in errors), "each entry was hashed, not skipped unread"
+    assert not (checkout / "build").exists()
+
+
 @pytest.mark.parametrize("home", [None, "missing", "file"], ids=["unset", "missing", "a-file"])
 def test_read_only_verbs_and_login_without_a_usable_home(checkout, tmp_path, home):
     """HOME unset (as root the passwd entry still names one: the no-passwd UID case is the unit test
