@@ -194,8 +194,9 @@ _session = None
 _accepted: dict[str, str] = {}  # "host/name" -> the Authorization the registry last accepted
 
 
-class BadAnswer(EnvironmentProblem):
-    """The registry (or its token service) answered something unusable: not JSON, the wrong shape, too large."""
+class BadAnswer(StepFailed):
+    """The registry (or its token service) answered something unusable: not JSON, the wrong shape, too large,
+    headers that disagree with the body. The remote misbehaved, not this machine: exit 1 (the README's codes)."""
 
 
 def _send(url: str, method: str, headers: dict, body: bytes | None = None) -> web.Answer:
@@ -294,7 +295,9 @@ def _digest(value, what: str) -> str:
 
 
 def manifest_digest(repo: Repository, reference: str, config: Path | None = None) -> str | None:
-    """The digest the registry serves for repo:reference (None when it has no such tag)."""
+    """The digest the registry serves for repo:reference (None when it has no such tag). A HEAD answer: publish
+    then reads that digest's manifest by GET (served_compression, attest's subject), where the bytes must hash
+    to it and every header must agree with them (_manifest_bytes), before the alias moves."""
     found = descriptor(repo, reference, config)
     return found["digest"] if found else None
 
@@ -331,7 +334,27 @@ def _manifest_bytes(repo: Repository, reference: str, config: Path | None) -> tu
     doc = _parse(resp.body, f"the manifest {repo.ref}:{reference[:80]}")
     if not isinstance(doc, dict):
         raise BadAnswer(f"the manifest {repo.ref}:{reference[:80]} is not a JSON object")
+    wrong = _disagreement(resp, doc, digest)
+    if wrong:
+        raise BadAnswer(f"{repo.host} answered {repo.name}:{reference[:80]} with headers that contradict the "
+                        f"manifest it sent: {wrong}", "nothing was moved; investigate the registry (or a proxy)")
     return doc, resp, digest
+
+
+def _disagreement(resp: web.Answer, doc: dict, digest: str) -> str | None:
+    """The first header that says something else than the body does: the digest, the length (of an unencoded
+    body), the media type. Each is what another client (docker pull, a scanner) believes."""
+    named = resp.headers.get("Docker-Content-Digest")
+    if named is not None and named != digest:
+        return f"Docker-Content-Digest {str(named)[:80]!r}, the bytes hash to {digest}"
+    length = resp.headers.get("Content-Length")
+    encoded = resp.headers.get("Content-Encoding", "identity").lower() not in ("", "identity")
+    if length is not None and not encoded and (not length.strip().isdigit() or int(length) != len(resp.body)):
+        return f"Content-Length {length[:40]!r}, the body has {len(resp.body)} bytes"
+    media = resp.headers.get("Content-Type", "").split(";")[0].strip()
+    if isinstance(doc.get("mediaType"), str) and media and media != doc["mediaType"]:
+        return f"Content-Type {media[:80]!r}, the manifest says {doc['mediaType'][:80]!r}"
+    return None
 
 
 def checked_descriptor(repo: Repository, digest: str, config: Path | None = None) -> dict | None:

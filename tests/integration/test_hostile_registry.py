@@ -1,5 +1,5 @@
 """A hostile registry on loopback: the registry client keeps credentials home and turns every bad answer
-into one line with the right exit code. No Docker engine: small HTTP servers on 127.0.0.1 and 127.0.0.2
+into one line with the right exit code (1: the remote misbehaved; 3 is for what this machine lacks). No Docker engine: small HTTP servers on 127.0.0.1 and 127.0.0.2
 (all of 127.0.0.0/8 is loopback on Linux, and to the client they are two different hosts)."""
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ def test_a_plain_http_realm_on_a_remote_host_gets_nothing(servers, login):
         h, 401, headers={"WWW-Authenticate": 'Bearer realm="http://tokens.example.invalid/t"'}))
     with pytest.raises(BuilderError) as err:
         registry.manifest_digest(registry.Repository(home.host, "t"), "v1", login(home.host))
-    assert "unusable realm" in one_line(err.value, 3)
+    assert "unusable realm" in one_line(err.value, 1)
 
 
 def test_an_upload_location_on_another_host_gets_no_credentials(servers, login):
@@ -235,7 +235,7 @@ def test_an_index_naming_a_path_instead_of_a_digest_is_not_followed(servers):
     home = servers("127.0.0.1", lambda h, _s: reply(h, 200, index))
     with pytest.raises(BuilderError) as err:
         registry.config_labels(registry.Repository(home.host, "t"), "v1")
-    assert "not sha256:<64 hex>" in one_line(err.value, 3)
+    assert "not sha256:<64 hex>" in one_line(err.value, 1)
     assert len(home.seen) == 1
 
 
@@ -254,7 +254,7 @@ def test_a_manifest_that_is_not_a_json_object_is_one_line(servers, body):
     home = servers("127.0.0.1", lambda h, _s: reply(h, 200, body))
     with pytest.raises(BuilderError) as err:
         registry.manifest(registry.Repository(home.host, "t"), "v1")
-    assert "manifest" in one_line(err.value, 3)
+    assert "manifest" in one_line(err.value, 1)
 
 
 @pytest.mark.parametrize("doc", [{"config": 5}, {"config": {}}, {"manifests": 7}, {"manifests": [3]}])
@@ -262,7 +262,7 @@ def test_a_wrong_shaped_manifest_is_one_line(servers, doc):
     home = servers("127.0.0.1", lambda h, _s: reply(h, 200, json.dumps(doc).encode()))
     with pytest.raises(BuilderError) as err:
         registry.config_labels(registry.Repository(home.host, "t"), "v1")
-    one_line(err.value, 3)
+    one_line(err.value, 1)
 
 
 @pytest.mark.parametrize("answer", [b"not json", b'{"token": 5}', b'{"token": "a\\nInjected: 1"}', b"[]"])
@@ -275,14 +275,37 @@ def test_a_token_service_answering_garbage_is_one_line(servers, login, answer):
     home = servers("127.0.0.1", reg)
     with pytest.raises(BuilderError) as err:
         registry.manifest_digest(registry.Repository(home.host, "t"), "v1", login(home.host))
-    assert "token" in one_line(err.value, 3)
+    assert "token" in one_line(err.value, 1)
 
 
 def test_a_bad_content_length_on_head_is_one_line(servers):
     home = servers("127.0.0.1", lambda h, _s: reply(h, 200, headers={"Docker-Content-Digest": "sha256:zz"}))
     with pytest.raises(BuilderError) as err:
         registry.descriptor(registry.Repository(home.host, "t"), "v1")
-    one_line(err.value, 3)
+    one_line(err.value, 1)
+
+
+@pytest.mark.parametrize("header, value, words", [
+    ("Docker-Content-Digest", sha(b"another manifest"), "Docker-Content-Digest"),
+    ("Content-Type", registry.OCI_INDEX, "Content-Type"),
+], ids=["digest", "media-type"])
+def test_a_manifest_whose_headers_contradict_its_bytes_is_refused_before_anything_moves(servers, header, value,
+                                                                                         words):
+    """Publish reads the pushed manifest back by digest (its compression, attest's subject) before the alias
+    moves: headers that say another digest or media type than the bytes do are a registry (or proxy) at fault,
+    exit 1, never a subject described from one and pointing at the other."""
+    doc = {"schemaVersion": 2, "mediaType": registry.OCI_MANIFEST, "config": registry.EMPTY_CONFIG, "layers": []}
+    raw = json.dumps(doc).encode()
+    headers = {"Content-Type": registry.OCI_MANIFEST, "Docker-Content-Digest": sha(raw), header: value}
+    home = servers("127.0.0.1", lambda h, _s: reply(h, 200, raw, headers))
+    with pytest.raises(BuilderError) as err:
+        registry.checked_descriptor(registry.Repository(home.host, "t"), sha(raw))
+    line = one_line(err.value, 1)
+    assert words in line and "contradict" in line
+    honest = servers("127.0.0.1", lambda h, _s: reply(h, 200, raw, {**headers, header: {
+        "Docker-Content-Digest": sha(raw), "Content-Type": registry.OCI_MANIFEST}[header]}))
+    assert registry.checked_descriptor(registry.Repository(honest.host, "t"), sha(raw)) == {
+        "mediaType": registry.OCI_MANIFEST, "digest": sha(raw), "size": len(raw)}
 
 
 def _endless(h, _s):
@@ -297,12 +320,12 @@ def _endless(h, _s):
         pass
 
 
-def test_an_endless_body_ends_as_one_line_exit_3(servers):
+def test_an_endless_body_ends_as_one_line_exit_1(servers):
     home = servers("127.0.0.1", _endless)
     started = time.monotonic()
     with pytest.raises(BuilderError) as err:
         registry.manifest(registry.Repository(home.host, "t"), "v1")
-    assert "more than 64 MiB" in one_line(err.value, 3)
+    assert "more than 64 MiB" in one_line(err.value, 1)
     assert time.monotonic() - started < 20
 
 

@@ -263,14 +263,21 @@ def answer(body: bytes, **headers) -> web.Answer:
                             "Content-Length": "1", **headers}, body, "https://reg.example/")
 
 
-def test_the_attestation_subject_comes_from_the_pushed_bytes_not_the_registrys_headers(monkeypatch):
+def test_the_attestation_subject_comes_from_the_pushed_bytes_and_lying_headers_move_nothing(monkeypatch):
     raw = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json"})
     digest = "sha256:" + hashlib.sha256(raw.encode()).hexdigest()
-    monkeypatch.setattr(registry, "call", lambda *a, **k: answer(raw.encode()))  # headers lie about type and size
+    honest = {"Content-Type": "application/vnd.docker.distribution.manifest.v2+json", "Content-Length": str(len(raw))}
+    monkeypatch.setattr(registry, "call", lambda *a, **k: answer(raw.encode(), **honest))
     repo = registry.Repository("reg.example", "train")
     assert registry.checked_descriptor(repo, digest) == {
         "mediaType": "application/vnd.docker.distribution.manifest.v2+json", "digest": digest, "size": len(raw)}
-    monkeypatch.setattr(registry, "call", lambda *a, **k: answer(b'{"other": "manifest"}'))
+    for lie in ({"Content-Length": "1"}, {"Content-Type": "application/vnd.docker.distribution.manifest.list.v2+json"},
+                {"Docker-Content-Digest": "sha256:" + "0" * 64}):
+        monkeypatch.setattr(registry, "call", lambda *a, lie=lie, **k: answer(raw.encode(), **{**honest, **lie}))
+        with pytest.raises(registry.BadAnswer, match="contradict") as caught:
+            registry.checked_descriptor(repo, digest)
+        assert caught.value.exit_code == 1, "the registry is at fault, not this machine"
+    monkeypatch.setattr(registry, "call", lambda *a, **k: answer(b'{"other": "manifest"}', **honest))
     with pytest.raises(StepFailed, match=f"not {digest}"):
         registry.checked_descriptor(repo, digest)
 
