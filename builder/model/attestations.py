@@ -294,13 +294,50 @@ def _not_shown(kind: str, doc: dict | None, binding, digest: str) -> str | None:
     return f"{kind}: NOT for this digest, ignored: {why}" if why else None
 
 
-def summary(sbom_doc: dict | None, statement: dict | None, digest: str) -> list[str]:
+def claim_problems(statement: dict, identities: set[str] | None, facts: dict | None) -> list[str]:
+    """What a provenance bound to the digest says about the image that the image at hand contradicts: the gate
+    ran on another image (its image ID is none of this image's: registry digest, local ID, config digests), or
+    the statement names another tag or other pins than the image's own facts. A subject binds the statement to
+    the digest; these bind what it *says* to the image, so a gate passed elsewhere is never shown as this one's.
+    identities None: nothing to check against (said by the caller)."""
+    pred = statement.get("predicate") if isinstance(statement.get("predicate"), dict) else {}
+    run = pred.get("runDetails") if isinstance(pred.get("runDetails"), dict) else {}
+    gate = next((b.get("annotations") for b in _dicts(run.get("byproducts")) if b.get("name") == "smoke-gate"), None)
+    gate = gate if isinstance(gate, dict) else {}
+    build = pred.get("buildDefinition") if isinstance(pred.get("buildDefinition"), dict) else {}
+    params = build.get("externalParameters") if isinstance(build.get("externalParameters"), dict) else {}
+    out = []
+    if identities is not None and gate:
+        ran_on = gate.get("image_id")
+        if isinstance(ran_on, str) and ran_on and ran_on not in identities:
+            out.append(f"the gate ran on image {ran_on[:19]}…, which is not this image "
+                       f"({', '.join(sorted(i[:19] + '…' for i in identities))})")
+    if isinstance(facts, dict):
+        if params.get("tag") != facts.get("tag"):
+            out.append(f"it names tag {str(params.get('tag'))[:60]!r}, the image's facts say "
+                       f"{str(facts.get('tag'))[:60]!r}")
+        entry = params.get("matrix_entry") if isinstance(params.get("matrix_entry"), dict) else {}
+        if isinstance(facts.get("pins"), dict) and entry.get("pins") != facts["pins"]:
+            said = entry.get("pins") if isinstance(entry.get("pins"), dict) else {}
+            differ = sorted(k for k in set(said) | set(facts["pins"]) if said.get(k) != facts["pins"].get(k))
+            out.append(f"its pins differ from the image's facts ({', '.join(differ[:4]) or 'not a mapping'})")
+    return out
+
+
+def summary(sbom_doc: dict | None, statement: dict | None, digest: str, identities: set[str] | None = None,
+            facts: dict | None = None) -> list[str]:
     """What a user reads in `verify`: who built it, from what, which gate, how many packages; or what is off.
-    A document that names another image is never summarised: its "built by" and gate are another image's."""
+    A document that names another image is never summarised: its "built by" and gate are another image's. A
+    provenance whose claims the image contradicts (claim_problems) is shown as such, its gate verdict not as
+    this image's."""
     lines = []
     off = _not_shown("provenance", statement, provenance_binding, digest)
+    contradicted = claim_problems(statement, identities, facts) if not off else []
     if off:
         lines.append(off)
+    elif contradicted:
+        lines.append("provenance: bound to this digest, but what it claims is NOT this image's: "
+                     + "; ".join(contradicted) + " (its builder and gate verdict are not shown)")
     else:
         pred = statement.get("predicate", {})
         params = pred.get("buildDefinition", {}).get("externalParameters", {})
@@ -316,8 +353,11 @@ def summary(sbom_doc: dict | None, statement: dict | None, digest: str) -> list[
                      f"{str(params.get('source', {}).get('revision'))[:12]} (tag {params.get('tag')}, builder "
                      f"{internal.get('builder_version')})" + (f" with {proof.engine_phrase(internal.get('docker'))}"
                                                               if proof.engine_phrase(internal.get("docker")) else ""))
+        ran_on = gate.get("image_id")
+        checked = "" if identities is None else ", on this image" if isinstance(ran_on, str) and ran_on else \
+            ", the image it ran on not recorded: not checked against this one"
         lines.append(f"gate: {'passed' if gate.get('passed') else 'NOT passed'} on {where} "
-                     f"({gate.get('finished_at')})")
+                     f"({gate.get('finished_at')}{checked})")
         audit = next((b.get("annotations", {}) for b in run.get("byproducts", [])
                       if b.get("name") == "vulnerability-audit"), None)
         lines.append(audit.get("summary", "audit: ?") if audit else "audit: none recorded (published without "

@@ -136,7 +136,26 @@ def registry_reference(ref: str, image) -> tuple[registry.Repository, str] | Non
     return (registry.Repository(host, path), digest) if digest else None
 
 
-def attestations_of(ref: str, image, strict: bool = False) -> dict:
+def _identities(repo, digest: str, image) -> set[str]:
+    """Every ID this image goes by, for what a provenance says ran on it: the registry digest, the local image ID
+    (a config digest in the classic store, a manifest or index digest in the containerd one) and the config
+    digest of the manifest (of each platform's, for an index) the registry serves."""
+    found = {digest} | ({image.id} if image is not None and isinstance(getattr(image, "id", None), str) else set())
+    served = registry.manifest(repo, digest)
+    docs = [served[0]] if served else []
+    for child in (served[0].get("manifests") if served and isinstance(served[0].get("manifests"), list) else [])[:8]:
+        if isinstance(child, dict) and isinstance(child.get("digest"), str):
+            found.add(child["digest"])
+            sub = registry.manifest(repo, child["digest"])
+            docs += [sub[0]] if sub else []
+    for doc in docs:
+        config = doc.get("config")
+        if isinstance(config, dict) and isinstance(config.get("digest"), str):
+            found.add(config["digest"])
+    return found
+
+
+def attestations_of(ref: str, image, strict: bool = False, facts: dict | None = None) -> dict:
     """The SBOM and provenance stored beside the image's digest (OCI referrers), read and summarised. One counts
     only when its content names this digest too (attestations.BINDING): another image's SBOM or provenance is
     ignored with a warning line, and with `strict` (--require-signature) it is the verdict's problem."""
@@ -156,7 +175,14 @@ def attestations_of(ref: str, image, strict: bool = False) -> dict:
                 ignored.append(f"warning: ignored the referrer {descriptor['digest'][:19]}…: {why}")
     sbom, statement = found.get(attestations.SBOM_TYPE), found.get(attestations.PROVENANCE_TYPE)
     buildkit = found.get(attestations.BUILDKIT)
-    lines = attestations.summary(sbom, statement, digest) + [attestations.buildkit_summary(buildkit, digest)]
+    identities = _identities(repo, digest, image) if statement is not None else None
+    lines = attestations.summary(sbom, statement, digest, identities, facts)
+    lines += [attestations.buildkit_summary(buildkit, digest)]
+    contradicted = attestations.claim_problems(statement, identities, facts) if statement is not None \
+        and not attestations.provenance_binding(statement, digest) else []
+    if contradicted:
+        ignored.append(f"warning: the provenance bound to {digest[:19]}… claims what this image contradicts: "
+                       f"{contradicted[0]}")
     lines += ignored
     problem = ignored[0].removeprefix("warning: ") if ignored and strict else None
     return {"sbom": sbom is not None, "provenance": statement is not None, "buildkit_provenance": buildkit is not None,
@@ -309,7 +335,7 @@ def main(args: Options, m=None) -> int:
     why_cpu = ("--cpu was given" if args.cpu else "no usable GPU here" if not gpus
                else "the host checks above failed")
     with log.step(f"attestations of {args.image}") as note:
-        attested = attestations_of(target, image, strict=args.require_signature)
+        attested = attestations_of(target, image, strict=args.require_signature, facts=facts)
         note["result"] = attested["lines"][0] if attested["lines"] else "—"
         refuse_unbound(args.image, attested)  # strict: an attestation of another image stops verify before the gate
     with log.step(f"smoke gate in {args.image} ({'GPU' if use_gpus else 'CPU'})") as note:

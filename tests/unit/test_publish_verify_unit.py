@@ -103,13 +103,21 @@ def stored_beside(monkeypatch, *docs: tuple[str, dict]) -> None:
     payloads = {d["digest"]: json.dumps(doc).encode() for d, (_, doc) in zip(found, docs)}
     monkeypatch.setattr(registry, "referrers", lambda repo, digest: found if digest == IMG else [])
     monkeypatch.setattr(registry, "referrer_payload", lambda repo, d, digest: payloads[d["digest"]])
+    # The image's manifest as the registry serves it: its config digest is the image ID of the classic store.
+    monkeypatch.setattr(registry, "manifest", lambda repo, digest: ({"config": {"digest": CONFIG}}, "", digest)
+                        if digest == IMG else None)
 
 
-def docs_for(digest: str, build: dict | None = None) -> tuple[tuple[str, dict], tuple[str, dict]]:
+CONFIG = "sha256:" + "ef" * 32
+
+
+def docs_for(digest: str, build: dict | None = None, ran_on: str | None = CONFIG,
+             tag: str = "t") -> tuple[tuple[str, dict], tuple[str, dict]]:
     sbom = attestations.sbom("t", "reg.example/t", digest, {}, "now", {"ID": "debian", "VERSION_ID": "12"})
     statement = attestations.provenance(
-        repository="reg.example/t", digest=digest, entry={"tag": "t"}, locks={}, source={"uri": "u", "revision": "r"},
-        build=build or {}, gate={"passed": True, "level": {"kind": "gpu", "gpu_count": 8, "gpu_model": "H100"}},
+        repository="reg.example/t", digest=digest, entry={"tag": tag}, locks={}, source={"uri": "u", "revision": "r"},
+        build=build or {}, gate={"passed": True, "level": {"kind": "gpu", "gpu_count": 8, "gpu_model": "H100"},
+                                 "image_id": ran_on},
         builder_id="https://ci.example/run/1", started=None, finished="now")
     return (attestations.SBOM_TYPE, sbom), (attestations.PROVENANCE_TYPE, statement)
 
@@ -146,6 +154,43 @@ def test_verify_never_shows_another_images_gate_and_strict_mode_fails(monkeypatc
     assert not any("built by" in line or line.startswith("gate:") for line in found["lines"])
     strict = hostverify.attestations_of(f"reg.example/t@{IMG}", None, strict=True)
     assert strict["problem"].startswith("ignored the referrer") and "not this image" in strict["problem"]
+
+
+@pytest.mark.parametrize("ran_on", [CONFIG, IMG], ids=["config-digest", "registry-digest"])
+def test_verify_shows_a_gate_that_ran_on_this_image_as_checked(monkeypatch, ran_on):
+    """The classic store's image ID is the config digest, the containerd store's the manifest digest: either
+    is this image."""
+    stored_beside(monkeypatch, *docs_for(IMG, ran_on=ran_on))
+    found = hostverify.attestations_of(f"reg.example/t@{IMG}", None, strict=True, facts={"tag": "t"})
+    gate = next(line for line in found["lines"] if line.startswith("gate:"))
+    assert gate.startswith("gate: passed on GPU: 8 × H100") and gate.endswith(", on this image)")
+    assert found["problem"] is None
+
+
+def test_verify_never_shows_a_gate_that_ran_on_another_image_as_this_ones(monkeypatch):
+    """A provenance bound to this digest (its subject) whose smoke-gate byproduct ran on another image ID: the
+    8 × H100 verdict is not printed as this image's; a warning says so, and strict mode fails."""
+    stored_beside(monkeypatch, *docs_for(IMG, ran_on="sha256:" + "99" * 32))
+    found = hostverify.attestations_of(f"reg.example/t@{IMG}", None)
+    assert not any(line.startswith("gate:") or "8 × H100" in line for line in found["lines"]), found["lines"]
+    assert found["lines"][0].startswith("provenance: bound to this digest, but what it claims is NOT this image's")
+    assert "the gate ran on image sha256:99999999999" in found["lines"][0] and found["problem"] is None
+    strict = hostverify.attestations_of(f"reg.example/t@{IMG}", None, strict=True)
+    assert "claims what this image contradicts" in strict["problem"]
+
+
+def test_verify_checks_the_provenance_tag_and_pins_against_the_images_facts(monkeypatch):
+    stored_beside(monkeypatch, *docs_for(IMG, tag="cu999-other"))
+    found = hostverify.attestations_of(f"reg.example/t@{IMG}", None, strict=True, facts={"tag": "t"})
+    assert "it names tag 'cu999-other', the image's facts say 't'" in found["problem"]
+    assert not any(line.startswith("gate:") for line in found["lines"])
+
+
+def test_a_gate_whose_image_is_not_recorded_is_shown_as_not_checked(monkeypatch):
+    stored_beside(monkeypatch, *docs_for(IMG, ran_on=None))
+    found = hostverify.attestations_of(f"reg.example/t@{IMG}", None, strict=True)
+    gate = next(line for line in found["lines"] if line.startswith("gate:"))
+    assert gate.endswith("the image it ran on not recorded: not checked against this one)") and found["problem"] is None
 
 
 def buildkit_statement(digest: str) -> tuple[str, dict]:
