@@ -66,6 +66,10 @@ class Result:
             self.diagnosis = failed + [d for d in self.diagnosis if d not in failed]
         elif not self.summary:
             self.summary = f"all {len(self.items)} assertions passed"
+        faults = self.figures.get("teardown_faults") if isinstance(self.figures, dict) else None
+        if faults and "teardown fault" not in self.summary:
+            # Said where every reader looks (the check's line, the verdict table): the clean exit is not proven.
+            self.summary += "; teardown fault, exit not proven: " + "; ".join(faults[:2])
         return self
 
     def to_dict(self):

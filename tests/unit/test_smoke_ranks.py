@@ -134,3 +134,47 @@ def test_nccl_busbw_below_the_floor_fails_and_cpu_is_not_gated(monkeypatch):
     cpu.figures.update(backend="gloo", sizes=[{}] * 4, largest={"bytes": 2 ** 22, "busbw_gbps": 0.5})
     nccl.summarise(cpu, "cpu", 2)
     assert cpu.summary == "2 ranks gloo, 4 sizes exact, 4 MB busbw 0.50 GB/s (CPU: not gated)"
+
+
+def _logs(tmp_path, *texts):
+    paths = []
+    for rank, text in enumerate(texts):
+        path = tmp_path / f"job.rank{rank}.log"
+        path.write_text(text)
+        paths.append(str(path))
+    return paths
+
+
+LEFT = f"{ranks.TEARDOWN_MARK} barrier\n{ranks.TEARDOWN_MARK} destroy_process_group\n{ranks.TEARDOWN_MARK} exit\n"
+
+
+def test_a_rank_that_aborts_after_its_work_and_the_final_barrier_leaves_the_exit_not_proven(tmp_path):
+    """exit codes [0, -6] (the gate flake of issue 49): every rank did its work and left the group, one was ended
+    by std::terminate at interpreter exit. What the gate proves is said: the work, not the clean exit."""
+    data = {"items": [{"name": "loss fell", "ok": True, "detail": ""}]}
+    aborted = {"timed_out": False, "rcs": [0, -6], "first_failure": 1,
+               "logs": _logs(tmp_path, LEFT, LEFT + "terminate called without an active exception\n")}
+    res = report.Result("train", "cpu")
+    res.items.extend(data["items"])
+    assert ranks.record_exit(res, aborted, data, 300, "trainer-resume: ") is True
+    exit_item = res.items[-1]
+    assert exit_item["name"] == "trainer-resume: all ranks exited 0" and exit_item["ok"] is None
+    assert "rank 1 exited -6 at interpreter exit, after destroy_process_group()" in exit_item["detail"]
+    assert any(d.startswith("trainer-resume: exit_abort:") for d in res.diagnosis)
+    res.finish()
+    assert res.passed and res.summary.endswith(
+        "teardown fault, exit not proven: trainer-resume: rank 1 exited -6 at interpreter exit, after "
+        "destroy_process_group()")
+
+
+def test_a_failure_before_the_final_barrier_or_without_rank_0s_result_still_fails(tmp_path):
+    data = {"items": [{"name": "loss fell", "ok": True, "detail": ""}]}
+    in_barrier = {"timed_out": False, "rcs": [0, 1], "first_failure": 1,
+                  "logs": _logs(tmp_path, LEFT, f"{ranks.TEARDOWN_MARK} barrier\nRuntimeError: gloo timeout\n")}
+    assert ranks.record_exit(report.Result("t", "cpu"), in_barrier, data, 300) is False
+    during_work = dict(in_barrier, logs=_logs(tmp_path, LEFT, "Traceback: CUDA error\n"))
+    assert ranks.record_exit(report.Result("t", "cpu"), during_work, data, 300) is False
+    aborted = dict(in_barrier, rcs=[0, -6], logs=_logs(tmp_path, LEFT, LEFT))
+    res = report.Result("t", "cpu")
+    assert ranks.record_exit(res, aborted, {}, 300) is False, "no result from rank 0: the work is not proven"
+    assert [i["ok"] for i in res.items] == [False, False]
