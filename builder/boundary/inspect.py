@@ -20,18 +20,27 @@ FACTS = "/opt/train-image/image.json"
 MAX_COPY = 64 << 20  # facts, locks and os-release are kilobytes: an engine sending more is not believed
 
 
-def _script_output(image: str, script: str, prefix: str) -> tuple[dict | None, str]:
-    """Run one of smoke/'s stdlib scripts in the image (smoke/ is in every image); its JSON line, or why not."""
+def _script_output(image: str, script: str, prefix: str, schema: str) -> tuple[dict | None, str]:
+    """Run one of smoke/'s stdlib scripts in the image (smoke/ is in every image); its JSON line, checked against
+    smoke/schemas/<schema>.schema.json (the image is whatever a registry served: its scripts may print anything),
+    or why not."""
     code, logs = engine.run_container(image, ["python", script], timeout=300)
     for line in logs.splitlines():
         if line.startswith(prefix):
-            return json.loads(line[len(prefix):]), ""
+            try:
+                found = json.loads(line[len(prefix):])
+            except (ValueError, RecursionError):
+                return None, f"{script} printed a {prefix.strip()} line that is not JSON"
+            wrong = schemas.problems(schema, found, smoke=True)
+            if wrong:
+                return None, f"{script} printed {prefix.strip()} of the wrong shape: {wrong[0]}"
+            return found, ""
     return None, f"exit {code}: {logs.strip()[-500:]}"
 
 
 def installed(image: str) -> dict:
     """What is installed, as smoke/installed.py reports it (smoke/schemas/installed.schema.json)."""
-    found, why = _script_output(image, IN_IMAGE_SCRIPT, "INSTALLED-JSON ")
+    found, why = _script_output(image, IN_IMAGE_SCRIPT, "INSTALLED-JSON ", "installed")
     return found if found is not None else {"error": why}
 
 
@@ -68,7 +77,7 @@ INVENTORY_SCRIPT = "/opt/train-image/smoke/inventory.py"
 
 def inventory(image: str) -> dict:
     """Every Python and OS package in the image, with a content hash each (smoke/inventory.py)."""
-    found, why = _script_output(image, INVENTORY_SCRIPT, "INVENTORY-JSON ")
+    found, why = _script_output(image, INVENTORY_SCRIPT, "INVENTORY-JSON ", "inventory")
     if found is None:
         raise StepFailed(f"could not list the packages of {image}: {why[-300:]}")
     return found

@@ -30,34 +30,6 @@ def aborted_at_exit(returncode: int, output: str) -> bool:
     return returncode != 0 and "exit_abort" in {d["id"] for d in signatures.diagnose(output)}
 
 
-def failed_only_leaving(report: dict) -> str:
-    """Why a gate (builder's smoke report) failed when every failed item is a rank that did not leave cleanly after
-    its work was done, PyTorch's gloo teardown bugs (docs/training.md): an abort at interpreter exit (exit_abort,
-    pytorch/pytorch#190489) or a hang in destroy_process_group() (teardown_deadlock); "" for any other failure.
-    Tests that gate run it once more, then report it as xfail with this reason, never as a pass.
-
-    The verdict (report["checks"], the gate's all.json) lists each check's diagnosis but not its assertions; those
-    are in the check's own result (report["details"][name], the gate's <check>.json)."""
-    reasons = set()
-    for check in report.get("checks") or []:
-        if check.get("passed"):
-            continue
-        result = (report.get("details") or {}).get(check.get("name")) or {}
-        failed = [item for item in result.get("items") or [] if item.get("ok") is False]
-        if not failed:  # failed, yet no assertion says why: nothing here to excuse
-            return ""
-        said = " ".join(result.get("diagnosis") or check.get("diagnosis") or [])
-        for item in failed:
-            if item["name"].endswith("ranks finished within timeout") and "the work was done" in item["detail"] \
-                    and "teardown_deadlock:" in said:
-                reasons.add("a rank hung in destroy_process_group() after its work (teardown_deadlock)")
-            elif item["name"].endswith("all ranks exited 0") and "exit_abort:" in said:
-                reasons.add("a rank aborted at interpreter exit after its work (exit_abort, pytorch/pytorch#190489)")
-            else:
-                return ""
-    return "; ".join(sorted(reasons))
-
-
 def gate_output(out: Path) -> dict:
     """A gate's output directory (all.json, <check>.json) read as builder reads it: the verdict, with each check's
     own result (its assertions) under "details", as in builder's smoke report."""
@@ -68,19 +40,12 @@ def gate_output(out: Path) -> dict:
     return dict(verdict, details=per_check)
 
 
-def gate_tolerating_teardown(run_gate, read_report):
-    """Run the gate (run_gate() -> process); when it failed only by a teardown bug (failed_only_leaving), once
-    more; a second such failure is xfail with the reason. Returns (process, report) of the last run."""
+def gate_once(run_gate, read_report):
+    """Run the gate (run_gate() -> process) once, as a user's `make image` does: a rank that only failed to leave
+    after its work (PyTorch's gloo teardown bugs) is the gate's own decision (smoke/ranks.py teardown_faults, a
+    pass with the clean exit not proven), not a test's rerun. Returns (process, report)."""
     proc = run_gate()
-    report = read_report()
-    if proc.returncode != 0 and failed_only_leaving(report):
-        proc = run_gate()
-        report = read_report()
-        why = failed_only_leaving(report) if proc.returncode != 0 else ""
-        if why:
-            pytest.xfail(f"the gate failed twice only by PyTorch's gloo teardown bugs ({why}); every check's work "
-                         "was done (docs/training.md)")
-    return proc, report
+    return proc, read_report()
 
 
 def docker_available() -> bool:

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from tests.integration.images import CI_TAG, DOCKER, gate_output, gate_tolerating_teardown
+from tests.integration.images import CI_TAG, DOCKER, gate_once, gate_output
 
 pytestmark = pytest.mark.docker
 IMAGE = f"ghcr.io/train-images/train:{CI_TAG}"
@@ -50,9 +50,9 @@ def test_the_whole_gate_passes_as_an_arbitrary_uid_and_group_on_a_read_only_root
     # The gate's own container (builder.boundary.gate: no network, 8g shm, HF_HUB_OFFLINE) as UID:GID 12345:12345.
     hardened_gate = ["--rm", "--network", "none", "--user", "12345:12345", "--read-only", "--tmpfs", "/tmp:exec",
                      "--shm-size", "8g", "-e", "HF_HUB_OFFLINE=1", "-v", f"{out}:/smoke-out"]
-    # A rank that fails to leave after its work (PyTorch's gloo teardown bugs, docs/training.md) is not this test's
-    # subject: the gate runs once more, and a second such failure is reported as that (xfail, never a pass).
-    proc, verdict = gate_tolerating_teardown(
+    # A rank that only fails to leave after its work (PyTorch's gloo teardown bugs) is the gate's own decision
+    # (docs/training.md): a pass with the clean exit not proven, as for users.
+    proc, verdict = gate_once(
         lambda: subprocess.run([DOCKER, "run", *hardened_gate, IMAGE, "smoke", "all", "--cpu", "--out", "/smoke-out"],
                                capture_output=True, text=True, timeout=2400),
         lambda: gate_output(out))

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.integration.images import CI_TAG, gate_tolerating_teardown
+from tests.integration.images import CI_TAG, gate_once
 from tests.integration.registry_fixture import Registry
 from tests.integration.second_engine import Engine, running_with_base, skip_unless_possible
 
@@ -61,7 +61,7 @@ def test_the_ci_entry_builds_passes_its_gate_and_publishes_on_the_newest_docker(
     assert report["layer_compression"] == "zstd"
     assert report["buildkit_provenance"], "buildx wrote no provenance for this build"
 
-    gate, smoke = gate_tolerating_teardown(
+    gate, smoke = gate_once(
         lambda: _builder(["smoke", CI_TAG], env, ROOT, 1800),
         lambda: json.loads((tmp_path / "reports" / f"{CI_TAG}.smoke.json").read_text()))
     assert gate.returncode == 0, (gate.stdout + gate.stderr)[-4000:]

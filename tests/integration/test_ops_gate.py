@@ -13,7 +13,7 @@ import pytest
 
 from builder.steps import smoke
 from tests.conftest import ROOT
-from tests.integration.images import CI_TAG, CI_TAG_CUDA12, DOCKER, derived_image, gate_tolerating_teardown, one_check
+from tests.integration.images import CI_TAG, CI_TAG_CUDA12, DOCKER, derived_image, gate_once, one_check
 
 pytestmark = pytest.mark.docker
 IMAGE = f"ghcr.io/train-images/train:{CI_TAG}"
@@ -53,7 +53,7 @@ def test_cuda13_ops_are_prebuilt_and_load_without_a_compiler(ci_build, tmp_path)
 def test_cuda12_gate_passes(ci_build_cuda12):
     """The CUDA 12 entry (Debian 12, Python 3.11; nvcc 12.4 from Debian 13's .debs, unpacked) through the whole
     gate, as CI gates it."""
-    proc, report = gate_tolerating_teardown(
+    proc, report = gate_once(
         lambda: subprocess.run([sys.executable, "-m", "builder", "smoke", CI_TAG_CUDA12, "--cpu"], cwd=ROOT,
                                capture_output=True, text=True, timeout=1800),
         lambda: json.loads((ROOT / "build/reports" / f"{CI_TAG_CUDA12}.smoke.json").read_text()))

@@ -292,3 +292,31 @@ def test_any_facts_file_is_read_whole_or_refused_in_one_line(drawn):
             assert not schemas.problems("facts", facts) and isinstance(facts["pins"], dict)
     finally:
         inspect._copy_out = original
+
+
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_JSON)
+def test_what_an_images_scripts_print_is_used_whole_or_refused(printed):
+    """installed.py and inventory.py run inside a pulled image, which may print any JSON on their lines: build's
+    check gets a usable answer or an error it reports, publish and audit a one-line StepFailed, never a
+    TypeError in problems() or the SBOM writer."""
+    from builder.boundary import engine, inspect
+    from builder.errors import StepFailed
+    from builder.model import schemas
+
+    original = engine.run_container
+    engine.run_container = lambda image, argv, timeout=None: (
+        0, f"noise\nINSTALLED-JSON {json.dumps(printed)}\nINVENTORY-JSON {json.dumps(printed)}\n")
+    try:
+        found = inspect.installed("x/y:z")
+        if "error" in found and schemas.problems("installed", printed, smoke=True):
+            assert "of the wrong shape" in found["error"] and "\n" not in found["error"]
+        else:
+            assert found == printed and isinstance(inspect.problems(
+                {"pins": {"torch": "2.6.0"}, "cuda": "12.4", "python": "3.11"}, found), list)
+        try:
+            assert inspect.inventory("x/y:z") == printed and not schemas.problems("inventory", printed, smoke=True)
+        except StepFailed as exc:
+            assert "\n" not in str(exc) and "wrong shape" in str(exc)
+    finally:
+        engine.run_container = original
