@@ -27,15 +27,18 @@ def levels(path: Path = CATALOG) -> dict[str, dict]:
     """tag → {"gate": phrase, "date": YYYY-MM-DD or None} from the catalog; empty when there is none."""
     try:
         images = json.loads(path.read_text(encoding="utf-8")).get("images") or []
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return {}
+    if not isinstance(images, list):
+        return {}  # a damaged catalog proves nothing: every tag reads "gate none"
     out = {}
     for image in images:
         if not isinstance(image, dict) or not isinstance(image.get("tag"), str):
             continue
         smoke = image.get("smoke") if isinstance(image.get("smoke"), dict) else {}
         passed = smoke.get("verdict") == "passed"
-        level = smoke.get("level") or ({"kind": smoke["mode"]} if smoke.get("mode") else None)
+        level = smoke.get("level") if isinstance(smoke.get("level"), dict) else (
+            {"kind": smoke["mode"]} if isinstance(smoke.get("mode"), str) else None)
         out[image["tag"]] = {"gate": gate_phrase(level) if passed else "none",
                              "date": smoke.get("date") if passed else None}
     return out

@@ -320,3 +320,19 @@ def test_what_an_images_scripts_print_is_used_whole_or_refused(printed):
             assert "\n" not in str(exc) and "wrong shape" in str(exc)
     finally:
         engine.run_container = original
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(_JSON)
+def test_any_catalog_json_gives_proof_levels_or_none(doc):
+    """images.json is a committed file anyone can edit or damage: README's proof column reads it (proof.levels);
+    whatever its shape, each tag gets a phrase or nothing, never a traceback."""
+    from builder.model import proof
+
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / "images.json"
+        for data in (doc, {"images": doc}, {"images": [{"tag": "t", "smoke": {"verdict": "passed", "level": doc,
+                                                                              "mode": doc, "date": doc}}]}):
+            path.write_text(json.dumps(data))
+            found = proof.levels(path)
+            assert all(isinstance(v["gate"], str) for v in found.values())
