@@ -29,6 +29,9 @@ OUT_DIR = paths.DOCKERFILES
 FACTS_SCHEMA = 1
 BUILD_TOOLS_LOCK = "build-tools.lock"
 COMPILE_NEW = "compile-new.py"
+# The start-up hook for an arbitrary UID and an unwritable home (docs/image-environment.md).
+ANY_USER = "train_image_env.py"
+ANY_USER_PTH = "train-image-env.pth"  # the .pth line that imports it at every start (site's standard hook)
 
 
 def _environment() -> jinja2.Environment:
@@ -90,7 +93,8 @@ def render_entry(entry: Entry) -> dict[str, str]:
         tc=compat.toolchain(entry), sp=f"/opt/venv/lib/python{entry.python}/site-packages",
     )
     return {"Dockerfile": dockerfile, "image.json": json.dumps(data, indent=2, sort_keys=True) + "\n",
-            BUILD_TOOLS_LOCK: build_tools_lock(), COMPILE_NEW: _data(COMPILE_NEW)}
+            BUILD_TOOLS_LOCK: build_tools_lock(), COMPILE_NEW: _data(COMPILE_NEW), ANY_USER: _data(ANY_USER),
+            ANY_USER_PTH: _data(ANY_USER_PTH)}
 
 
 def build_tools_lock() -> str:

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from tests.integration.images import CI_TAG, DOCKER, gate_once, gate_output
+from tests.integration.images import CI_TAG, DOCKER, aborted_at_exit, gate_once, gate_output
 
 pytestmark = pytest.mark.docker
 IMAGE = f"ghcr.io/train-images/train:{CI_TAG}"
@@ -26,6 +26,38 @@ CACHES = ("import os, sys; sys.path.insert(0, '/opt/train-image'); from smoke im
 
 def hardened(*command: str) -> subprocess.CompletedProcess:
     return subprocess.run([DOCKER, "run", *HARDENED, IMAGE, *command], capture_output=True, text=True, timeout=240)
+
+
+# A user's own job, not the gate: nothing of smoke's environment (no writable_caches, no TORCH_EXTENSIONS_DIR). The
+# image's start-up hook (train_image_env.py) must serve it: getpass (inductor's cache directory, which raised
+# KeyError 'getpwuid(): uid not found: 12345' in the torch 2.6 image), the Hugging Face caches (datasets, hub), a
+# CPU torch.compile, then the Trainer + ZeRO-3 + LoRA job under torchrun.
+USER_CHECKS = ("import getpass, os, torch; print('user=' + getpass.getuser()); "
+               "from huggingface_hub import constants; os.makedirs(constants.HF_HUB_CACHE, exist_ok=True); "
+               "print('hf=' + constants.HF_HUB_CACHE); "
+               "print('compiled=' + str(torch.compile(lambda x: x * 2)(torch.ones(2)).tolist()))")
+USER_JOB = ["sh", "-c", "cd /opt/train-image && torchrun --nproc_per_node 2 -m smoke.train_trainer --out /tmp/trainer "
+            "--steps 2 && ls -d /tmp/trainer/checkpoint-2"]
+
+
+@pytest.mark.parametrize("build", ["ci_build", "ci_build_cuda12"])
+def test_a_users_own_job_runs_as_an_arbitrary_uid_on_a_read_only_root(build, request):
+    image = request.getfixturevalue(build)["report"]["image"]
+    run = [DOCKER, "run", *HARDENED, "--hostname", "localhost", "-e", "DS_ACCELERATOR=cpu", "-e",
+           "CUDA_VISIBLE_DEVICES=", "-e", "OMP_NUM_THREADS=1", image]
+    proc = subprocess.run([*run, "python", "-c", USER_CHECKS], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"{image} as UID 12345:\n{proc.stdout}{proc.stderr[-3000:]}"
+    said = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
+    assert said["user"] == "uid12345" and said["hf"].startswith("/tmp/home-12345/.cache/huggingface/")
+    assert said["compiled"] == "[2.0, 2.0]", proc.stdout
+    job = subprocess.run([*run, *USER_JOB], capture_output=True, text=True, timeout=900)
+    out = job.stdout + job.stderr
+    assert job.stdout.count("/2 done: ok") == 2 or aborted_at_exit(job.returncode, out), out[-6000:]
+    assert "\u2713 trainer train [cpu]" in job.stdout, out[-6000:]
+    if job.returncode != 0:
+        assert aborted_at_exit(job.returncode, out), out[-6000:]
+        pytest.xfail("a rank aborted at interpreter exit after the job's work (pytorch/pytorch#190489)")
+    assert "/tmp/trainer/checkpoint-2" in job.stdout, out[-3000:]
 
 
 def test_env_and_compile_pass_as_an_arbitrary_uid_on_a_read_only_root(ci_build):

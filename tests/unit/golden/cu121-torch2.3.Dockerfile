@@ -325,8 +325,11 @@ ARG SOURCE_DATE_EPOCH=315532800
 # (`--warm`), beside torch's download, so a cold build takes it too. The whole requirements.lock goes into the image.
 # The dependency check is uv's (0.1 s; pip's own takes 1.5 s, measured 2026-12-06): the builder runs pip's on the
 # finished image too (smoke/installed.py). The step copies what the ops checks recorded (ops.json), so no image is
-# made from a wheel whose check failed.
+# made from a wheel whose check failed. train_image_env.py, run at every Python start (a .pth line), serves an
+# arbitrary UID with no passwd entry and an unwritable home (docs/image-environment.md); compiled with the pins.
 RUN --mount=type=bind,source=compile-new.py,target=/.in-compile-new.py \
+    --mount=type=bind,source=train_image_env.py,target=/.in-train_image_env.py \
+    --mount=type=bind,source=train-image-env.pth,target=/.in-train-image-env.pth \
     --mount=type=bind,source=requirements.lock,target=/.in-requirements.lock \
     --mount=type=bind,from=pins,source=/opt/pins,target=/.in-pins \
     --mount=type=bind,from=uv,source=/opt/uv/bin/uv,target=/.in-bin/uv \
@@ -338,6 +341,8 @@ RUN --mount=type=bind,source=compile-new.py,target=/.in-compile-new.py \
     mkdir -p /opt/train-image/locks && cp --no-preserve=ownership /.in-requirements.lock /opt/train-image/locks/requirements.lock || exit 1; \
     ls -A /opt/venv/lib/python3.10/site-packages > /tmp/site.before; \
     cp -R --no-preserve=ownership /.in-pins/. /opt/venv/ \
+    && cp --no-preserve=ownership /.in-train_image_env.py /opt/venv/lib/python3.10/site-packages/train_image_env.py \
+    && cp --no-preserve=ownership /.in-train-image-env.pth /opt/venv/lib/python3.10/site-packages/train-image-env.pth \
     && python -S /.in-compile-new.py /opt/venv/lib/python3.10/site-packages /tmp/site.before /.pyc-cache \
     && rm /tmp/site.before \
     && /.in-bin/uv pip check --no-cache --python /opt/venv/bin/python \
