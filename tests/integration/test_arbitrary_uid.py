@@ -41,7 +41,8 @@ USER_JOB = ["sh", "-c", "cd /opt/train-image && torchrun --nproc_per_node 2 -m s
             "--steps 2 && ls -d /tmp/trainer/checkpoint-*"]
 
 
-@pytest.mark.parametrize("build", ["ci_build", "ci_build_cuda12"])
+# The CUDA 12 case carries cuda12_image: it runs in the block before that image and the build cache go (conftest).
+@pytest.mark.parametrize("build", ["ci_build", pytest.param("ci_build_cuda12", marks=pytest.mark.cuda12_image)])
 def test_a_users_own_job_runs_as_an_arbitrary_uid_on_a_read_only_root(build, request):
     image = request.getfixturevalue(build)["report"]["image"]
     run = [DOCKER, "run", *HARDENED, "--hostname", "localhost", "-e", "DS_ACCELERATOR=cpu", "-e",
