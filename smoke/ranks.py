@@ -24,11 +24,6 @@ DESTROY_HANG = (
     "(the same root as pytorch/pytorch#190489; with NCCL see pytorch/pytorch#75097). A user's job would hang "
     "there too; rerun the gate.")
 
-EXIT_ABORT = (
-    "exit_abort: a rank ended non-zero after destroy_process_group(), its work done. Seen with gloo on CPU: a gloo "
-    "worker thread frees the last collective's tensors while Python finalizes and std::terminate ends the rank "
-    "(pytorch/pytorch#190489, docs/training.md). A user's job can end the same way.")
-
 # ----------------------------------------------------------------------------- parent side
 
 def run_job(module, n, out_dir, job, timeout, env, node=None):
@@ -78,7 +73,11 @@ def record_exit(res, r, data, timeout, prefix=""):
                 f"barrier), then {', '.join(faults)}: PyTorch's teardown fault, not the image's; a job ending the "
                 "same way can exit non-zero (exit codes {})".format(r["rcs"]))
         res.figures.setdefault("teardown_faults", []).extend(f"{prefix}{f}" for f in faults)
-        res.hint(f"{prefix}{DESTROY_HANG if 'hung' in ' '.join(faults) else EXIT_ABORT}")
+        # Why, from the failing ranks' own logs (smoke/signatures.py: exit_abort and the rest), and the hang's
+        # explanation where a rank had to be killed.
+        res.diagnose(launch.read_logs([path for path, rc in zip(r["logs"], r["rcs"]) if rc != 0]))
+        if any("hung" in f for f in faults):
+            res.hint(f"{prefix}{DESTROY_HANG}")
         return True
     if r["timed_out"]:
         left = r.get("left_first")

@@ -178,8 +178,8 @@ def attestations_of(ref: str, image, strict: bool = False, facts: dict | None = 
     identities = _identities(repo, digest, image) if statement is not None else None
     lines = attestations.summary(sbom, statement, digest, identities, facts)
     lines += [attestations.buildkit_summary(buildkit, digest)]
-    contradicted = attestations.claim_problems(statement, identities, facts) if statement is not None \
-        and not attestations.provenance_binding(statement, digest) else []
+    # `found` holds only documents bound to this digest (_bound_document), so the statement's binding is given.
+    contradicted = attestations.claim_problems(statement, identities, facts) if statement is not None else []
     if contradicted:
         ignored.append(f"warning: the provenance bound to {digest[:19]}… claims what this image contradicts: "
                        f"{contradicted[0]}")

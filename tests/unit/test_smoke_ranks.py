@@ -160,7 +160,7 @@ def test_a_rank_that_aborts_after_its_work_and_the_final_barrier_leaves_the_exit
     exit_item = res.items[-1]
     assert exit_item["name"] == "trainer-resume: all ranks exited 0" and exit_item["ok"] is None
     assert "rank 1 exited -6 at interpreter exit, after destroy_process_group()" in exit_item["detail"]
-    assert any(d.startswith("trainer-resume: exit_abort:") for d in res.diagnosis)
+    assert any(d.startswith("exit_abort:") for d in res.diagnosis)  # read from rank 1's log by smoke.signatures
     res.finish()
     assert res.passed and res.summary.endswith(
         "teardown fault, exit not proven: trainer-resume: rank 1 exited -6 at interpreter exit, after "
