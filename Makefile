@@ -85,11 +85,11 @@ test: venv docker ## the whole suite: unit tests, the workflow harness, real Doc
 	$(PY) -m pytest tests/workflow tests/integration -m "not docker20 and not docker_newest" --durations=30 $(PYTEST_FLAGS)
 
 test-docker20: venv docker ## Docker 20.10 without buildx (Debian 12's docker.io) on a private engine: build, gate, publish
-	$(PY) -m pytest tests/integration/test_docker20.py -m docker20 $(PYTEST_FLAGS)
+	PRIVATE_ENGINE_REQUIRED=1 $(PY) -m pytest tests/integration/test_docker20.py -m docker20 $(PYTEST_FLAGS)
 
-test-docker-newest: venv docker ## the newest Docker Debian ships (28) on a private engine: build, gate, publish, a pin change
+test-docker-newest: venv docker ## the newest Docker Debian ships (28) on a private engine: build, gate, publish, a pin change (the workflow's weekly newest-docker job)
 	bash ci/setup-docker-newest.sh
-	$(PY) -m pytest tests/integration/test_docker_newest.py -m docker_newest -s $(PYTEST_FLAGS)
+	PRIVATE_ENGINE_REQUIRED=1 $(PY) -m pytest tests/integration/test_docker_newest.py -m docker_newest -s $(PYTEST_FLAGS)
 
 workflow: venv ## run the workflow's hosted jobs' steps here, per event (tests/workflow; no image builds)
 	$(PY) -m pytest tests/workflow $(PYTEST_FLAGS)

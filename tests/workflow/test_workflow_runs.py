@@ -53,7 +53,7 @@ def test_check_job_runs_every_step_and_is_the_same_for_every_event(venv, local_r
 
 def jobs_for(event: str) -> set[str]:
     return {"pull_request": {"plan", "pr-image"}, "push": {"plan", "hosted-image", "catalog"},
-            "schedule": {"plan", "hosted-image", "catalog", "propose"}}[event]
+            "schedule": {"plan", "hosted-image", "catalog", "propose", "newest-docker"}}[event]
 
 
 @pytest.mark.parametrize("event", EVENTS)
