@@ -152,6 +152,11 @@ def _run(args) -> int:
             raise
         _print_error(exc)
         return exc.exit_code
+    except BrokenPipeError:
+        # The reader went away (`builder list | head -1`): what it did not read is not an error of ours. Python's
+        # advice: point stdout at devnull, so the flush at exit does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except OSError as exc:
         if args.verbose or exc.errno not in fsutil.FULL:
             raise

@@ -153,8 +153,10 @@ def check_transport(res, logs, n, node=None):
     res.figures.update(nccl_transports=tp["transports"], nccl_network=tp["network"],
                        nccl_runtime_version=tp["version"], nccl_init_complete=tp["init_complete"])
     if node:
-        d = transport.diagnose(logs, transport.rdma_devices())
-        res.figures.update(nccl_inter_node=d["fabric"], rdma_devices=d["rdma_devices"])
+        host = transport.host_facts()
+        d = transport.diagnose(logs, host=host, expected_nodes=node["nnodes"])
+        res.figures.update(nccl_inter_node=d["fabric"], rdma_devices=d["rdma_devices"], nccl_verdict=d["verdict"],
+                           memlock_kib=host["memlock_kib"])
         res.add("inter-node transport", d["ok"], d["line"])
         if not d["ok"]:
             res.hint(d["line"])

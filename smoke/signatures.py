@@ -118,6 +118,16 @@ def diagnose(text):
         end = text.find("\n", m.end())
         line = text[start:end if end != -1 else len(text)].strip()
         found.append({"id": sid, "explanation": expl, "evidence": line[:300]})
+    # NCCL's own failure lines (smoke/data/nccl_failures.json, each row with its source); a line one of the
+    # signatures above already explained is not explained twice.
+    from smoke import ncclfail
+
+    seen = {d["evidence"] for d in found}
+    for row in ncclfail.explain(text):
+        if row["line"] not in seen:
+            found.append({"id": "nccl_" + row["id"], "evidence": row["line"],
+                          "explanation": "{} Check: {} (source: {})".format(row["cause"], row["check"],
+                                                                            row["source"][0])})
     return found
 
 

@@ -63,6 +63,8 @@ VERBS = (
     Verb("verify", "verify", "re-verify a pulled image on this host (host checks + gate)", matrix=False),
     Verb("manifest", "manifest", "content manifest of an image (files, Python and OS packages)", matrix=False),
     Verb("diff", "diff", "what changed between two images (tags or image refs)", matrix="optional"),
+    Verb("diagnose-nccl", "nccldiag", "what an NCCL_DEBUG=INFO log says: the network between nodes (RDMA, a TCP "
+         "fallback and why, sockets only, one node) and each failure explained with its source", matrix=False),
     Verb("audit", "audit", "known vulnerabilities of an image's packages, against waivers.yaml", matrix="optional"),
     Verb("refresh-compat", "refresh", "diff compat.yaml against PyPI metadata and flash-attn release files "
          "(--write applies)", matrix=False),

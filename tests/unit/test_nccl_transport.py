@@ -58,9 +58,10 @@ def test_roce_log_with_a_socket_channel_fails():
     assert transport.diagnose(log)["ok"] is False
 
 
-def test_empty_log_is_one_node_with_nothing_parsed():
+def test_an_empty_log_is_not_judged_and_says_what_to_capture():
     d = transport.diagnose("")
-    assert d["fabric"] is None and d["ok"] and "no channel lines" in d["line"]
+    assert (d["verdict"], d["fabric"], d["ok"]) == ("unknown", None, True)
+    assert "NCCL_DEBUG=INFO" in d["line"]
 
 
 def test_transports_loadable_without_a_gpu_name_what_is_missing():
