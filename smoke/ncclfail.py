@@ -31,7 +31,7 @@ def _rows():
     return _ROWS
 
 
-def explain(log, expected_nodes=None):
+def explain(log, expected_nodes=None, signals=None):
     """[{"id", "cause", "check", "source", "line", "followon"}]: every failure the log shows, causes first (in the
     order they appear), then follow-on errors; each row once, with the first line that matched."""
     found = []
@@ -44,7 +44,7 @@ def explain(log, expected_nodes=None):
             found.append((bool(row.get("followon")), m.start(), {
                 "id": row["id"], "cause": row["cause"], "check": row["check"], "source": row["source"],
                 "line": line[:300], "followon": bool(row.get("followon"))}))
-    apart = separate_jobs(nccllog.read(log), expected_nodes)
+    apart = separate_jobs(signals or nccllog.read(log), expected_nodes)  # signals: nccllog.read(log), if read
     if apart:
         found.append((False, len(log), apart))
     return [item for _, _, item in sorted(found, key=lambda t: (t[0], t[1]))]

@@ -21,7 +21,8 @@ from builder.model import attestations
 
 GITHUB_ISSUER = "https://token.actions.githubusercontent.com"
 TIMEOUT_S = 180
-KINDS = (attestations.SBOM_TYPE, attestations.PROVENANCE_TYPE)  # the attestations publish attaches
+# What publish attaches beside the digest (and sign signs).
+KINDS = (attestations.SBOM_TYPE, attestations.CYCLONEDX_TYPE, attestations.PROVENANCE_TYPE)
 
 
 @dataclass(frozen=True)

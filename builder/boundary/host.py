@@ -52,3 +52,12 @@ def nvidia_runtime(engine_info: dict) -> bool:
 def name() -> str:
     """This machine's host name (a local run's provenance names it)."""
     return socket.gethostname()
+
+
+def fabric() -> dict:
+    """What this host offers between nodes: RDMA devices with driver and link layer, RoCE v2 GIDs, IPoIB
+    interfaces, /dev/infiniband's uverbs files, this shell's locked-memory limit (smoke/transport.py reads them
+    the same way inside the gate's containers)."""
+    from smoke import transport
+
+    return transport.host_facts()

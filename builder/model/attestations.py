@@ -7,6 +7,7 @@ https://spdx.github.io/spdx-spec/v2.3/ · https://slsa.dev/spec/v1.0/provenance 
 
 from __future__ import annotations
 
+import json
 import re
 from urllib.parse import quote
 
@@ -17,6 +18,7 @@ from builder.errors import StepFailed
 from builder.model import proof
 
 SBOM_TYPE = "application/spdx+json"
+CYCLONEDX_TYPE = "application/vnd.cyclonedx+json"
 PROVENANCE_TYPE = "application/vnd.in-toto+json"
 SLSA_PROVENANCE = "https://slsa.dev/provenance/v1"
 BUILD_TYPE = "https://github.com/train-images/train-images/blob/main/docs/architecture.md#build-v1"
@@ -77,9 +79,26 @@ def _purl_ref(locator: str) -> list[dict]:
     return [{"referenceCategory": "PACKAGE-MANAGER", "referenceType": "purl", "referenceLocator": locator}]
 
 
-def _package(kind: str, name: str, version: str, sha256: str | None, comment: str, refs: list[dict]) -> dict:
+def supplier(text: str | None) -> str:
+    """SPDX's supplier field from what a package's own metadata names ("Name <addr>", dpkg's Maintainer, core
+    metadata's Maintainer/Author): `Organization: Name (addr)`. The metadata does not say whether it names a person
+    or an organization, and SPDX needs one of the two: Organization (a team, a project or a company, mostly).
+    NOASSERTION where it names nobody."""
+    if not text or not text.strip():
+        return "NOASSERTION"
+    first = text.strip().splitlines()[0]
+    name, _, rest = first.partition("<")
+    address = rest.split(">", 1)[0].strip() if rest else ""
+    name = " ".join(name.replace("(", " ").replace(")", " ").replace('"', " ").split()) or address
+    if not name:
+        return "NOASSERTION"
+    return f"Organization: {name[:160]}" + (f" ({address[:120]})" if address and address != name else "")
+
+
+def _package(kind: str, name: str, version: str, sha256: str | None, comment: str, refs: list[dict],
+             supplied_by: str | None = None) -> dict:
     return {"name": name, "SPDXID": _spdx_id(kind, name, version), "versionInfo": version,
-            "downloadLocation": "NOASSERTION", "filesAnalyzed": False,
+            "supplier": supplier(supplied_by), "downloadLocation": "NOASSERTION", "filesAnalyzed": False,
             "checksums": [{"algorithm": "SHA256", "checksumValue": sha256}] if sha256 else [],
             "comment": comment, "externalRefs": refs}
 
@@ -89,35 +108,113 @@ def sbom(tag: str, repository: str, digest: str, inventory: dict, created: str, 
     (see smoke/inventory.py), and the operating system itself (its CPE), as scanners match them."""
     namespace, distro_id = distro(os_release)
     image_id = "SPDXRef-image"
+    # The publisher: the registry namespace the image is pushed under (`ghcr.io/org` of `ghcr.io/org/train`).
+    publisher = repository.rsplit("/", 1)[0] if "/" in repository else repository
+    # downloadLocation must be a URL, a VCS locator, NONE or NOASSERTION: `HOST:PORT/name@sha256:…` is none of
+    # them. Where to pull it is the image's package URL (its repository_url), which every scanner reads.
     packages = [{"name": f"{repository}@{digest}", "SPDXID": image_id, "versionInfo": tag,
-                 "downloadLocation": f"{repository}@{digest}", "filesAnalyzed": False,
+                 "supplier": supplier(publisher), "downloadLocation": "NOASSERTION", "filesAnalyzed": False,
                  "checksums": [{"algorithm": "SHA256", "checksumValue": digest.split(":", 1)[1]}],
                  "primaryPackagePurpose": "CONTAINER", "externalRefs": _purl_ref(image_purl(repository, digest, tag))}]
     os_version = distro_id.split("-", 1)[1]
     packages.append({**_package("os", namespace, os_version, None, f"from the image's os-release: "
                                 f"{os_release.get('PRETTY_NAME', distro_id)}",
                                 [{"referenceCategory": "SECURITY", "referenceType": "cpe23Type",
-                                  "referenceLocator": os_cpe(os_release)}]),
+                                  "referenceLocator": os_cpe(os_release)}],
+                                os_release.get("NAME") or namespace),
                      "primaryPackagePurpose": "OPERATING-SYSTEM"})
     for p in inventory.get("python_packages", []):
         packages.append(_package("pypi", p["name"], p["version"], p.get("record_sha256"),
                                  "checksum: sha256 of the installed dist-info RECORD (which hashes every file)",
-                                 _purl_ref(python_purl(p["name"], p["version"]))))
+                                 _purl_ref(python_purl(p["name"], p["version"])), p.get("supplier")))
     for p in inventory.get("dpkg_packages", []):
         packages.append(_package("deb", p["name"], p["version"], p.get("md5sums_sha256"),
                                  "checksum: sha256 of dpkg's md5sums list of the package's files",
-                                 _purl_ref(deb_purl(p, namespace, distro_id))))
+                                 _purl_ref(deb_purl(p, namespace, distro_id)), p.get("supplier")))
     return {
         "spdxVersion": "SPDX-2.3", "dataLicense": "CC0-1.0", "SPDXID": "SPDXRef-DOCUMENT",
         "name": f"{repository}:{tag}",
         "documentNamespace": f"https://train-images.dev/spdx/{quote(repository)}/{digest}",
-        "creationInfo": {"created": created, "creators": [f"Tool: train-image-builder-{builder.__version__}"]},
+        "creationInfo": {"created": created, "creators": [f"Tool: train-image-builder-{builder.__version__}",
+                                                          supplier(publisher)]},
         "packages": packages,
         "relationships": [{"spdxElementId": "SPDXRef-DOCUMENT", "relationshipType": "DESCRIBES",
                            "relatedSpdxElement": image_id},
                           *({"spdxElementId": image_id, "relationshipType": "CONTAINS",
                              "relatedSpdxElement": p["SPDXID"]} for p in packages[1:])],
     }
+
+
+def cyclonedx(tag: str, repository: str, digest: str, inventory: dict, created: str, os_release: dict[str, str]
+              ) -> dict:
+    """The same packages as `sbom`, as CycloneDX 1.6 (cyclonedx-python-lib, validated against its schema) for
+    scanners that read only that: the image as the BOM's subject (its digest as a SHA-256 hash, its package URL),
+    every Python and OS package with its package URL, supplier and content hash, and the OS with its CPE."""
+    from datetime import datetime
+    from uuid import NAMESPACE_URL, uuid5
+
+    from cyclonedx.model import HashAlgorithm, HashType
+    from cyclonedx.model.bom import Bom
+    from cyclonedx.model.component import Component, ComponentType
+    from cyclonedx.model.contact import OrganizationalEntity
+    from cyclonedx.output.json import JsonV1Dot6
+    from cyclonedx.schema import SchemaVersion
+    from cyclonedx.validation.json import JsonStrictValidator
+
+    namespace, distro_id = distro(os_release)
+    publisher = repository.rsplit("/", 1)[0] if "/" in repository else repository
+
+    def party(text: str | None) -> OrganizationalEntity | None:
+        named = supplier(text)
+        return None if named == "NOASSERTION" else OrganizationalEntity(name=named.removeprefix("Organization: "))
+
+    def sha(value: str | None) -> list:
+        return [HashType(alg=HashAlgorithm.SHA_256, content=value)] if value else []
+
+    image_purl_ = PackageURL.from_string(image_purl(repository, digest, tag))
+    bom = Bom(serial_number=uuid5(NAMESPACE_URL, f"{repository}@{digest}"))  # one BOM per image: same number
+    bom.metadata.timestamp = datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ")
+    bom.metadata.tools.components.add(Component(type=ComponentType.APPLICATION, name="train-image-builder",
+                                                version=builder.__version__))
+    bom.metadata.component = root = Component(
+        type=ComponentType.CONTAINER, name=f"{repository}@{digest}", version=tag, bom_ref="image",
+        purl=image_purl_, hashes=sha(digest.split(":", 1)[1]), supplier=party(publisher))
+    os_version = distro_id.split("-", 1)[1]
+    parts = [Component(type=ComponentType.OPERATING_SYSTEM, name=namespace, version=os_version,
+                       bom_ref=f"os:{namespace}@{os_version}", cpe=os_cpe(os_release),
+                       supplier=party(os_release.get("NAME") or namespace))]
+    for p in inventory.get("python_packages", []):
+        purl = PackageURL.from_string(python_purl(p["name"], p["version"]))
+        parts.append(Component(type=ComponentType.LIBRARY, name=p["name"], version=p["version"], purl=purl,
+                               bom_ref=purl.to_string(), hashes=sha(p.get("record_sha256")),
+                               supplier=party(p.get("supplier"))))
+    for p in inventory.get("dpkg_packages", []):
+        purl = PackageURL.from_string(deb_purl(p, namespace, distro_id))
+        parts.append(Component(type=ComponentType.LIBRARY, name=p["name"], version=p["version"], purl=purl,
+                               bom_ref=purl.to_string(), hashes=sha(p.get("md5sums_sha256")),
+                               supplier=party(p.get("supplier"))))
+    seen: set[str] = set()
+    unique = [c for c in parts if not (str(c.bom_ref) in seen or seen.add(str(c.bom_ref)))]
+    for component in unique:
+        bom.components.add(component)
+    bom.register_dependency(root, unique)
+    text = JsonV1Dot6(bom).output_as_string(indent=1)
+    error = JsonStrictValidator(SchemaVersion.V1_6).validate_str(text)
+    if error is not None:
+        raise StepFailed(f"the CycloneDX SBOM of {repository}@{digest[:19]} does not validate: {str(error)[:200]}",
+                         "report this: the inventory holds a value CycloneDX 1.6 refuses")
+    return json.loads(text)
+
+
+def cyclonedx_binding(doc, digest: str) -> str | None:
+    """None when the CycloneDX BOM's subject (metadata.component) is the image `digest`; else one line why not."""
+    component = doc.get("metadata", {}).get("component") if isinstance(doc, dict) else None
+    if not isinstance(component, dict):
+        return "the CycloneDX SBOM names no image"
+    sums = {h.get("content") for h in _dicts(component.get("hashes")) if h.get("alg") == "SHA-256"}
+    if sums != {digest.split(":", 1)[1]} or not str(component.get("name", "")).endswith(f"@{digest}"):
+        return f"the CycloneDX SBOM describes {_short(sums)}, not this image {digest[:19]}…"
+    return None
 
 
 LABEL_PREFIX = "io.train-images"
@@ -253,7 +350,7 @@ def provenance_binding(statement, digest: str) -> str | None:
     return _statement_binding(statement, digest, SLSA_PROVENANCE, "provenance", "SLSA provenance")
 
 
-BINDING = {SBOM_TYPE: sbom_binding, PROVENANCE_TYPE: provenance_binding}
+BINDING = {SBOM_TYPE: sbom_binding, PROVENANCE_TYPE: provenance_binding, CYCLONEDX_TYPE: cyclonedx_binding}
 
 # BuildKit's own provenance of the build (SLSA v0.2, as buildx's metadata file gives it: buildkit.provenance_statement),
 # stored beside ours with the same artifact type and told apart by its predicate type.

@@ -60,7 +60,7 @@ def main(options: Options, m=None) -> int:
     text = "\n".join(_read(p) for p in options.logs)
     host = transport.host_facts() if options.host else None
     verdict = transport.diagnose(text, rdma_devices=options.rdma_device, host=host, expected_nodes=options.nodes)
-    failures = ncclfail.explain(text, expected_nodes=options.nodes)
+    failures = ncclfail.explain(text, expected_nodes=options.nodes, signals=verdict["signals"])
     if not verdict["signals"]["nccl_lines"] and not failures:
         raise UserError(f"{', '.join(options.logs)}: no NCCL line in it",
                         "rerun the job with NCCL_DEBUG=INFO (NCCL_DEBUG_SUBSYS=INIT,NET is enough) and hand over "

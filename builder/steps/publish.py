@@ -401,6 +401,11 @@ def layer_compression(found: tuple[dict, str, str] | None) -> str:
     return kinds.pop() if len(kinds) == 1 else "mixed"
 
 
+# What publish stores beside each digest, by artifact type, under the names build/attest/<tag>/ keeps them.
+ATTACHED = {attestations.SBOM_TYPE: "sbom.spdx.json", attestations.CYCLONEDX_TYPE: "sbom.cdx.json",
+            attestations.PROVENANCE_TYPE: "provenance.intoto.json"}
+
+
 def attest(entry, repo, digest: str, image, evidence: dict, config, tries: int) -> dict:
     """SBOM and provenance for the pushed digest, stored beside it as OCI referrers (before the alias moves,
     so the alias never names an image without them); copies in build/attest/<tag>/ for signing in CI.
@@ -414,6 +419,7 @@ def attest(entry, repo, digest: str, image, evidence: dict, config, tries: int) 
               "revision": labels.get("org.opencontainers.image.revision", "unknown")}
     docs = {
         attestations.SBOM_TYPE: attestations.sbom(entry.tag, repo.ref, digest, inventory, now, os_release),
+        attestations.CYCLONEDX_TYPE: attestations.cyclonedx(entry.tag, repo.ref, digest, inventory, now, os_release),
         attestations.PROVENANCE_TYPE: attestations.provenance(
             repository=repo.ref, digest=digest, entry=evidence["facts"], locks=evidence["locks"], source=source,
             build=evidence["build"], gate=smoke, builder_id=builder_identity(), started=smoke.get("finished_at"),
@@ -429,7 +435,7 @@ def attest(entry, repo, digest: str, image, evidence: dict, config, tries: int) 
     stored = {}
     for kind, doc in docs.items():
         payload = json.dumps(doc, sort_keys=True, indent=1).encode()
-        name = "sbom.spdx.json" if kind == attestations.SBOM_TYPE else "provenance.intoto.json"
+        name = ATTACHED[kind]
         fsutil.write_atomic(out_dir / name, payload.decode())
         stored[name] = retrying(f"attach {name} to {repo.ref}@{digest[:19]}", lambda p=payload, k=kind:
                                 registry.push_referrer(repo, subject, k, p, {"org.opencontainers.image.created": now},

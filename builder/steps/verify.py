@@ -90,7 +90,38 @@ def shm_mb(path: str = "/dev/shm") -> int | None:
         return None
 
 
-def host_checks(facts: dict, info: dict, gpus: list[dict], source: str, force_cpu: bool) -> tuple[list, bool]:
+def fabric_rows(fabric: dict, facts: dict) -> list[tuple]:
+    """The host's readiness between nodes, read from /sys and /dev (boundary/host.fabric): what NCCL will find,
+    and what makes it fall back to TCP silently. Informational (None) where it cannot be wrong for one node."""
+    devices = fabric.get("rdma") or []
+    if not devices:
+        ipoib = ", ".join(fabric.get("ipoib") or [])
+        return [("RDMA fabric", False if ipoib else None, f"no RDMA device; IPoIB {ipoib}" if ipoib else
+                 "none: NCCL uses sockets (TCP) between nodes", "the InfiniBand driver stack (ib_uverbs, the NIC's "
+                 "RDMA driver) is not loaded: NCCL would use TCP over IPoIB" if ipoib else "")]
+    layers = {d["name"]: sorted({p.get("link_layer") or "?" for p in d["ports"].values()}) for d in devices}
+    shown = ", ".join(f"{d['name']} ({'/'.join(layers[d['name']])}, {d['driver'] or '?'})" for d in devices[:6])
+    uverbs = fabric.get("uverbs") or []
+    rows = [("RDMA fabric", bool(uverbs), f"{shown}; {len(uverbs)} uverbs device(s)",
+             "" if uverbs else "load ib_uverbs (`modprobe ib_uverbs`): without /dev/infiniband/uverbs* no process "
+             "can open the devices")]
+    roce = [d for d in devices if "Ethernet" in layers[d["name"]]]
+    if roce:
+        v2 = [d["name"] for d in roce if any(p.get("roce_v2_gid") for p in d["ports"].values())]
+        rows.append(("RoCE v2 GID", bool(v2), ", ".join(v2) or f"none on {', '.join(d['name'] for d in roce)}",
+                     "" if v2 else "give the RoCE NIC's interface an IP address (the RoCE v2 GID follows it); "
+                     "NCCL_IB_GID_INDEX must name a RoCE v2 GID the peer also has"))
+    if fabric.get("efa") and not facts.get("efa_plugin"):
+        rows.append(("EFA plugin", None, "this host has EFA; this image carries no aws-ofi-nccl",
+                     "NCCL will use sockets (TCP) between nodes here: one node is unaffected"))
+    memlock = fabric.get("memlock_kib")
+    rows.append(("locked memory (ulimit -l)", None, "unlimited" if memlock is None else f"{memlock} KiB here",
+                 "" if memlock is None else "RDMA registers memory: run containers with --ulimit memlock=-1"))
+    return rows
+
+
+def host_checks(facts: dict, info: dict, gpus: list[dict], source: str, force_cpu: bool,
+                fabric: dict | None = None) -> tuple[list, bool]:
     """Rows (check, ok True/False/None, detail, what to do) and whether the gate can use GPUs."""
     rows = [("Docker engine", True, f"{info.get('ServerVersion', '?')} ({info.get('OperatingSystem', '?')})", "")]
     runtimes = sorted((info.get("Runtimes") or {}).keys())
@@ -114,6 +145,7 @@ def host_checks(facts: dict, info: dict, gpus: list[dict], source: str, force_cp
     shm_ok = shm is not None and shm >= MIN_SHM_MB
     rows.append(("host /dev/shm", shm_ok if shm is not None else None, f"{shm} MB" if shm is not None else "missing",
                  "" if shm_ok else f"with --ipc=host give /dev/shm ≥ {MIN_SHM_MB} MB; otherwise pass --shm-size=8g"))
+    rows += fabric_rows(host.fabric() if fabric is None else fabric, facts)
     use_gpus = bool(gpus) and nvidia and driver_good and not force_cpu
     return rows, use_gpus
 
@@ -178,6 +210,9 @@ def attestations_of(ref: str, image, strict: bool = False, facts: dict | None = 
     identities = _identities(repo, digest, image) if statement is not None else None
     lines = attestations.summary(sbom, statement, digest, identities, facts)
     lines += [attestations.buildkit_summary(buildkit, digest)]
+    cdx = found.get(attestations.CYCLONEDX_TYPE)
+    lines += [f"CycloneDX SBOM: {len(cdx.get('components') or [])} components, bound to this digest" if cdx else
+              "CycloneDX SBOM: none stored beside this digest"]
     # `found` holds only documents bound to this digest (_bound_document), so the statement's binding is given.
     contradicted = attestations.claim_problems(statement, identities, facts) if statement is not None else []
     if contradicted:
@@ -186,7 +221,7 @@ def attestations_of(ref: str, image, strict: bool = False, facts: dict | None = 
     lines += ignored
     problem = ignored[0].removeprefix("warning: ") if ignored and strict else None
     return {"sbom": sbom is not None, "provenance": statement is not None, "buildkit_provenance": buildkit is not None,
-            "problem": problem, "lines": lines}
+            "cyclonedx": cdx is not None, "problem": problem, "lines": lines}
 
 
 def _bound_document(repo, descriptor: dict, digest: str, kind: str) -> tuple[str, dict | None, str | None]:

@@ -14,6 +14,7 @@ from spdx_tools.spdx.validation.document_validator import validate_full_spdx_doc
 from builder.boundary import engine, inspect
 from builder.model import attestations, matrix
 from tests.conftest import ROOT, run_cli
+from tests.unit.test_attestations import ntia_gaps
 
 pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.usefixtures("require_docker")]
 WAIVER = """waivers:
@@ -48,6 +49,7 @@ def test_each_ci_image_is_scannable_and_audited(build, expires, code, request, t
     tag = request.getfixturevalue(build)["report"]["tag"]
     got, verdict, sbom = check_image(tag, expires, tmp_path, monkeypatch)
     assert validate_full_spdx_document(JsonLikeDictParser().parse(sbom)) == []
+    assert ntia_gaps(sbom, tmp_path) == {}  # every package of the real image names its supplier
     purls = [r["referenceLocator"] for p in sbom["packages"] for r in p["externalRefs"]
              if r["referenceType"] == "purl"]
     assert all(PackageURL.from_string(p).to_string() == p for p in purls)

@@ -64,7 +64,8 @@ def rendered(tmp_path):
 # --- 3. read-only checkout, no home -----------------------------------------------------------------------
 
 READ_ONLY_VERBS = [["validate"], ["list"], ["matrix", "--all"], ["compat"], ["render", "--check"],
-                   ["lock", "--check"], ["verify", "--help"], ["plan", "--event", "pull_request"]]
+                   ["lock", "--check"], ["verify", "--help"], ["plan", "--event", "pull_request"],
+                   ["diagnose-nccl", str(ROOT / "tests/unit/data/nccl_logs/roce.log")]]
 
 
 def _mount_namespace() -> bool:
@@ -72,16 +73,19 @@ def _mount_namespace() -> bool:
     return probe.returncode == 0
 
 
-def test_read_only_verbs_run_on_a_read_only_checkout(checkout):
+def test_read_only_verbs_run_on_a_read_only_checkout_four_at_once(checkout):
     """A real read-only bind mount (root ignores permission bits, so chmod proves nothing here): every read-only
-    verb works (or fails in one line) and none tries to create build/ or a lock file."""
+    verb works (or fails in one line) four at once, as a CI matrix or a user's shell loop runs them, and none
+    tries to create build/ or a lock file, nor steps on another's scratch space."""
     if not _mount_namespace():
         pytest.skip("needs `unshare -m` (root or user namespaces) for a private read-only bind mount")
     script = ["set -e", f"mount --bind {checkout} {checkout}", f"mount -o remount,bind,ro {checkout}",
               f"! touch {checkout}/probe 2>/dev/null"]
     for argv in READ_ONLY_VERBS:
-        script.append(f"{PY} -m builder {' '.join(argv)} >/dev/null 2>{checkout.parent}/{argv[0]}.err "
-                      f"|| echo \"{' '.join(argv)}: exit $?\" >>{checkout.parent}/failed")
+        for i in range(4):
+            script.append(f"({PY} -m builder {' '.join(argv)} >/dev/null 2>{checkout.parent}/{argv[0]}-{i}.err "
+                          f"|| echo \"{' '.join(argv)} [{i}]: exit $?\" >>{checkout.parent}/failed) &")
+        script.append("wait")
     before = sorted(str(p.relative_to(checkout)) for p in checkout.rglob("*"))
     proc = subprocess.run(["unshare", "-m", "sh", "-c", "\n".join(script)], cwd=checkout, capture_output=True,
                           text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))

@@ -17,6 +17,10 @@ import sys
 import uuid
 
 import pytest
+from cyclonedx.schema import SchemaVersion
+from cyclonedx.validation.json import JsonStrictValidator
+from spdx_tools.spdx.parser.jsonlikedict.json_like_dict_parser import JsonLikeDictParser
+from spdx_tools.spdx.validation.document_validator import validate_full_spdx_document
 
 from builder import reports
 from builder.boundary import engine
@@ -24,6 +28,7 @@ from builder.model import matrix, paths
 from builder.steps import publish, render
 from tests.conftest import ROOT, run_cli
 from tests.integration import registry_fixture
+from tests.unit.test_attestations import ntia_gaps
 
 TAG = "cu121-torch2.3"
 LOCAL = f"example.org/team/train:{TAG}"  # the project fixture's matrix image
@@ -137,7 +142,7 @@ def test_publish_then_pull_back_by_digest_and_alias(project, registry, images, c
     assert docker("image", "inspect", "--format", "{{.Id}}", f"{repo}:{TAG}").stdout.strip() == image_id
 
 
-def test_sbom_and_provenance_are_stored_beside_the_digest(project, registry, images):
+def test_sbom_and_provenance_are_stored_beside_the_digest(project, registry, images, tmp_path):
     """Registry 2.8 has no referrers API: the artifacts land under the fallback tag sha256-<hex>, and verify
     finds them there, checks they name this digest, and says who built it, from what, behind which gate."""
     from builder.boundary import registry as reg
@@ -149,12 +154,24 @@ def test_sbom_and_provenance_are_stored_beside_the_digest(project, registry, ima
     assert run_cli("publish", TAG, "--registry", registry.host, "--date", "20261202", "--revision", "abc1234") == 0
     report = reports.read(TAG, "publish")
     digest = report["digest"]
-    assert set(report["attestations"]) == {"sbom.spdx.json", "provenance.intoto.json"}
+    assert set(report["attestations"]) == {"sbom.spdx.json", "sbom.cdx.json", "provenance.intoto.json"}
     assert registry.digest("train", digest.replace(":", "-")) is not None  # the fallback index exists
     repo = reg.Repository(registry.host, "train")
     kinds = {d["artifactType"]: d for d in reg.referrers(repo, digest)}
-    assert set(kinds) == {attestations.SBOM_TYPE, attestations.PROVENANCE_TYPE}
+    assert set(kinds) == {attestations.SBOM_TYPE, attestations.CYCLONEDX_TYPE, attestations.PROVENANCE_TYPE}
+    # The CycloneDX twin, for scanners that read only that: valid 1.6, bound to this digest, the same packages.
+    cdx_text = reg.referrer_payload(repo, kinds[attestations.CYCLONEDX_TYPE], digest).decode()
+    assert JsonStrictValidator(SchemaVersion.V1_6).validate_str(cdx_text) is None
+    cdx = json.loads(cdx_text)
+    assert attestations.cyclonedx_binding(cdx, digest) is None and cdx["specVersion"] == "1.6"
     sbom = json.loads(reg.referrer_payload(repo, kinds[attestations.SBOM_TYPE], digest))
+    # As a consumer reads it, pulled from a registry whose name has a port: valid SPDX 2.3, and the NTIA
+    # minimum elements (every package's supplier from its own metadata, the document's author and time).
+    assert validate_full_spdx_document(JsonLikeDictParser().parse(sbom)) == []
+    assert ntia_gaps(sbom, tmp_path) == {}
+    assert {c["purl"] for c in cdx["components"] if "purl" in c} == {
+        r["referenceLocator"] for p in sbom["packages"][2:] for r in p["externalRefs"]}
+    assert all(c.get("supplier") for c in cdx["components"])
     python3 = next(p for p in sbom["packages"] if p["name"] == "python3")
     assert python3["versionInfo"] and len(python3["checksums"][0]["checksumValue"]) == 64
     assert python3["externalRefs"][0]["referenceLocator"].startswith("pkg:deb/debian/python3@") and \

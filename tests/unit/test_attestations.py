@@ -22,10 +22,31 @@ TRIXIE = 'PRETTY_NAME="Debian GNU/Linux 13 (trixie)"\nID=debian\nVERSION_ID="13"
 JAMMY = 'NAME="Ubuntu"\nVERSION_ID="22.04"\nID=ubuntu\nID_LIKE=debian\n'
 
 
-def sbom(os_release: str = BOOKWORM, inventory: dict | None = None) -> dict:
+def sbom(os_release: str = BOOKWORM, inventory: dict | None = None, repository: str = "ghcr.io/train-images/train"
+         ) -> dict:
     inventory = inventory or json.loads((DATA / "inventory-bookworm.json").read_text())
-    return attestations.sbom("cu130-torch2.13-bookworm", "ghcr.io/train-images/train", DIGEST, inventory,
+    return attestations.sbom("cu130-torch2.13-bookworm", repository, DIGEST, inventory,
                              "2026-12-04T00:00:00Z", attestations.parse_os_release(os_release))
+
+
+def ntia_gaps(doc: dict, folder: Path) -> dict:
+    """What ntia-conformance-checker (the NTIA minimum elements, as SBOM consumers check them) finds missing:
+    {element: [package names]}, {} when conformant. It reads a file, as consumers do."""
+    from ntia_conformance_checker.sbom_checker import SbomChecker
+
+    path = folder / "sbom.spdx.json"
+    path.write_text(json.dumps(doc))
+    checker = SbomChecker(str(path))
+    gaps = {element: [name for name, _ in names] for element, names in checker.all_components_without_info}
+    gaps = {k: v for k, v in gaps.items() if v}
+    if not checker.doc_author:
+        gaps["author"] = ["document"]
+    if not checker.doc_timestamp:
+        gaps["timestamp"] = ["document"]
+    if not checker.dependency_relationships:
+        gaps["relationships"] = ["document"]
+    assert checker.compliant is (not gaps), (checker.compliant, gaps)
+    return gaps
 
 
 def locators(doc: dict, kind: str = "") -> list[str]:
@@ -33,9 +54,50 @@ def locators(doc: dict, kind: str = "") -> list[str]:
             if r["referenceLocator"].startswith(kind)]
 
 
-def test_the_ci_image_sbom_validates_as_spdx_2_3():
-    doc = JsonLikeDictParser().parse(sbom())
-    assert validate_full_spdx_document(doc) == []
+@pytest.mark.parametrize("repository", ["ghcr.io/train-images/train", "127.0.0.1:5000/train",
+                                        "registry.example:8443/team/ml/train", "[::1]:5000/train", "localhost/train"])
+def test_the_ci_image_sbom_validates_as_spdx_2_3_for_any_registry(repository):
+    """Published to a registry with a port (the issue-48 case: `HOST:PORT/train@sha256:…` is not a download
+    location) or none, the document validates: where to pull the image is its package URL."""
+    doc = sbom(repository=repository)
+    assert validate_full_spdx_document(JsonLikeDictParser().parse(doc)) == []
+    image = doc["packages"][0]
+    assert image["downloadLocation"] == "NOASSERTION"
+    purl = PackageURL.from_string(image["externalRefs"][0]["referenceLocator"])
+    assert purl.qualifiers["repository_url"] == repository and purl.version == DIGEST
+
+
+def test_the_ci_image_sbom_has_the_ntia_minimum_elements(tmp_path):
+    """Supplier, name, version, unique identifier of every package; author, timestamp, relationships of the
+    document: the inventory of the real CI image names a supplier for each of its packages."""
+    doc = sbom(repository="127.0.0.1:5000/train")
+    assert ntia_gaps(doc, tmp_path) == {}
+    suppliers = {p["name"]: p["supplier"] for p in doc["packages"]}
+    assert suppliers["torch"].startswith("Organization: PyTorch")
+    assert suppliers["python3"].startswith("Organization: Matthias Klose")
+    assert suppliers["debian"] == "Organization: debian"  # os-release ID: this one names no NAME
+    assert "Organization: 127.0.0.1:5000" in doc["creationInfo"]["creators"]
+
+
+def test_a_package_that_names_no_supplier_is_said_so_and_found_by_the_checker(tmp_path):
+    inventory = {"python_packages": [{"name": "anon", "version": "1.0", "record_sha256": None, "supplier": None}],
+                 "dpkg_packages": []}
+    doc = sbom(inventory=inventory)
+    assert next(p for p in doc["packages"] if p["name"] == "anon")["supplier"] == "NOASSERTION"
+    assert ntia_gaps(doc, tmp_path) == {"supplier": ["anon"]}
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("Debian Python Team <team+python@tracker.debian.org>",
+     "Organization: Debian Python Team (team+python@tracker.debian.org)"),
+    ("PyTorch Team", "Organization: PyTorch Team"),
+    ('"Hugging Face, Inc." <julien@huggingface.co>', "Organization: Hugging Face, Inc. (julien@huggingface.co)"),
+    ("<only@addr.example>", "Organization: only@addr.example"),
+    ("Name (nick) <a@b.c>\nsecond line", "Organization: Name nick (a@b.c)"),
+    ("", "NOASSERTION"), (None, "NOASSERTION"), ("  ", "NOASSERTION"),
+])
+def test_supplier_from_package_metadata(text, expected):
+    assert attestations.supplier(text) == expected
 
 
 def test_every_package_has_a_canonical_identifier():
@@ -52,7 +114,7 @@ def test_every_package_has_a_canonical_identifier():
 def test_os_packages_name_their_distribution_and_the_os_is_a_package():
     doc = sbom()
     debs = locators(doc, "pkg:deb/")
-    assert len(debs) == 157 and all(p.startswith("pkg:deb/debian/") and "distro=debian-12" in p for p in debs)
+    assert len(debs) == 162 and all(p.startswith("pkg:deb/debian/") and "distro=debian-12" in p for p in debs)
     assert "pkg:deb/debian/apt@2.6.1?arch=amd64&distro=debian-12" in debs
     os_pkg = next(p for p in doc["packages"] if p.get("primaryPackagePurpose") == "OPERATING-SYSTEM")
     assert (os_pkg["name"], os_pkg["versionInfo"]) == ("debian", "12")
@@ -90,7 +152,7 @@ def test_lock_mismatches_name_each_lock():
 
 def test_verify_summary_counts_packages():
     lines = attestations.summary(sbom(), None, DIGEST)
-    assert lines[-1] == "sbom: SPDX-2.3, 68 Python and 157 OS packages (debian 12) with hashes"
+    assert lines[-1] == "sbom: SPDX-2.3, 68 Python and 162 OS packages (debian 12) with hashes"
 
 
 def provenance(audit: dict | None) -> dict:
@@ -154,3 +216,23 @@ def test_a_provenance_naming_anything_but_this_digest_alone_is_refused(subject):
     assert attestations.provenance_binding(statement, DIGEST).startswith("the provenance is for")
     assert attestations.provenance_binding({**statement, "predicateType": "x"}, DIGEST) == (
         "the provenance is not an SLSA provenance statement")
+
+
+def test_the_cyclonedx_twin_validates_and_is_bound_to_its_digest_only():
+    from cyclonedx.schema import SchemaVersion
+    from cyclonedx.validation.json import JsonStrictValidator
+
+    inventory = json.loads((DATA / "inventory-bookworm.json").read_text())
+    doc = attestations.cyclonedx("cu130-torch2.13-bookworm", "127.0.0.1:5000/train", DIGEST, inventory,
+                                 "2026-12-04T00:00:00Z", attestations.parse_os_release(BOOKWORM))
+    assert JsonStrictValidator(SchemaVersion.V1_6).validate_str(json.dumps(doc)) is None
+    assert attestations.cyclonedx_binding(doc, DIGEST) is None
+    other = "sha256:" + "cd" * 32
+    assert attestations.cyclonedx_binding(doc, other).startswith("the CycloneDX SBOM describes")
+    assert attestations.cyclonedx_binding({"metadata": {}}, DIGEST) == "the CycloneDX SBOM names no image"
+    spdx = sbom(repository="127.0.0.1:5000/train")
+    assert len(doc["components"]) == len(spdx["packages"]) - 1  # the OS and every package; the image is the subject
+    assert {c["purl"] for c in doc["components"] if "purl" in c} == set(locators(spdx, "pkg:")) - {
+        spdx["packages"][0]["externalRefs"][0]["referenceLocator"]}
+    assert next(c for c in doc["components"] if c["type"] == "operating-system")["cpe"].startswith(
+        "cpe:2.3:o:debian:debian_linux:12:")

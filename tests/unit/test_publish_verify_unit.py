@@ -64,10 +64,45 @@ def test_driver_comparison():
 
 
 INFO = {"ServerVersion": "20.10.24", "OperatingSystem": "Debian", "Runtimes": {"runc": {}}}
+NO_FABRIC = {"rdma": [], "efa": False, "ipoib": [], "uverbs": [], "memlock_kib": 8192}
+
+
+def _device(name, driver, layer, v2=False):
+    return {"name": name, "driver": driver, "ports": {"1": {"link_layer": layer, "roce_v2_gid": v2}}}
+
+
+def test_fabric_rows_say_what_nccl_will_find_between_nodes():
+    (row,) = hostverify.fabric_rows(NO_FABRIC, {})
+    assert row[:3] == ("RDMA fabric", None, "none: NCCL uses sockets (TCP) between nodes")
+    ready = {"rdma": [_device("mlx5_0", "mlx5_core", "InfiniBand")], "efa": False, "ipoib": ["ib0"],
+             "uverbs": ["uverbs0"], "memlock_kib": None}
+    rows = {r[0]: r for r in hostverify.fabric_rows(ready, {})}
+    assert rows["RDMA fabric"][1] is True and "mlx5_0 (InfiniBand, mlx5_core)" in rows["RDMA fabric"][2]
+    assert rows["locked memory (ulimit -l)"][2] == "unlimited" and "RoCE v2 GID" not in rows
+
+
+@pytest.mark.parametrize("fabric, row, fix", [
+    ({"rdma": [], "ipoib": ["ib0"]}, "RDMA fabric", "ib_uverbs"),
+    ({"rdma": [_device("mlx5_0", "mlx5_core", "InfiniBand")], "uverbs": []}, "RDMA fabric", "modprobe ib_uverbs"),
+    ({"rdma": [_device("mlx5_2", "mlx5_core", "Ethernet")], "uverbs": ["uverbs2"]}, "RoCE v2 GID", "IP address"),
+])
+def test_a_fabric_nccl_cannot_use_fails_verify_with_the_fix(fabric, row, fix):
+    rows = hostverify.fabric_rows({**NO_FABRIC, **fabric}, {})
+    failed = [r for r in rows if r[1] is False]
+    assert [r[0] for r in failed] == [row] and fix in failed[0][3]
+    ok, lines = hostverify.verdict("img", rows, {"passed": True, "checks": []}, False, "cpu")
+    assert not ok and any(line.startswith(f"  host: {row}") for line in lines)
+
+
+def test_an_efa_host_is_told_in_one_line_that_the_image_has_no_efa_plugin():
+    efa = {**NO_FABRIC, "rdma": [_device("rdmap16s27", "efa", "Unspecified")], "efa": True, "uverbs": ["uverbs0"]}
+    rows = {r[0]: r for r in hostverify.fabric_rows(efa, {"tag": "x"})}
+    assert rows["EFA plugin"][1] is None and "no aws-ofi-nccl" in rows["EFA plugin"][2]
+    assert "EFA plugin" not in {r[0] for r in hostverify.fabric_rows(efa, {"efa_plugin": "aws-ofi-nccl 1.17.0"})}
 
 
 def test_cpu_host_runs_cpu_gate_and_says_so():
-    rows, use_gpus = hostverify.host_checks({"min_driver": "580.65.06"}, INFO, [], "no nvidia-smi", False)
+    rows, use_gpus = hostverify.host_checks({"min_driver": "580.65.06"}, INFO, [], "no nvidia-smi", False, NO_FABRIC)
     assert not use_gpus
     assert all(ok is not False for name, ok, _, _ in rows if name != "host /dev/shm")
     ok, lines = hostverify.verdict("img", rows, {"passed": True, "checks": []}, use_gpus, "no usable GPU here")
@@ -77,7 +112,7 @@ def test_cpu_host_runs_cpu_gate_and_says_so():
 def test_old_driver_fails_with_what_to_do():
     gpus = [{"driver": "570.124.06", "name": "NVIDIA A100", "memory_mb": "81920"}]
     info = {**INFO, "Runtimes": {"runc": {}, "nvidia": {}}}
-    rows, use_gpus = hostverify.host_checks({"min_driver": "580.65.06"}, info, gpus, "nvidia-smi", False)
+    rows, use_gpus = hostverify.host_checks({"min_driver": "580.65.06"}, info, gpus, "nvidia-smi", False, NO_FABRIC)
     assert not use_gpus
     ok, lines = hostverify.verdict("img", rows, {"passed": True, "checks": []}, use_gpus, "host checks failed")
     assert not ok and any("upgrade the driver to 580.65.06" in line for line in lines)
@@ -85,7 +120,7 @@ def test_old_driver_fails_with_what_to_do():
 
 def test_gpu_host_without_toolkit():
     gpus = [{"driver": "580.65.06", "name": "NVIDIA H100", "memory_mb": "81559"}]
-    rows, use_gpus = hostverify.host_checks({"min_driver": "580.65.06"}, INFO, gpus, "nvidia-smi", False)
+    rows, use_gpus = hostverify.host_checks({"min_driver": "580.65.06"}, INFO, gpus, "nvidia-smi", False, NO_FABRIC)
     if not hostverify.shutil.which("nvidia-container-runtime-hook"):
         assert not use_gpus
         assert any("NVIDIA Container Toolkit" in fix for _, ok, _, fix in rows if ok is False)
