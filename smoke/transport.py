@@ -20,6 +20,12 @@ HINT = ("NCCL fell back to TCP sockets between nodes although RDMA devices exist
         "check the image has libibverbs1/ibverbs-providers/librdmacm1 (EFA: libfabric + aws-ofi-nccl), "
         "the pod/container sees /dev/infiniband (--device, rdma device plugin), and NCCL_IB_DISABLE/NCCL_NET are unset")
 _TCP_PROVIDERS = ("tcp", "sockets", "udp", "shm")
+# How EFA devices are named in /sys/class/infiniband on AWS (`rdmap16s27`; `efa_0` in some AMIs and in users' notes).
+_EFA_NAMES = ("efa", "rdmap")
+
+
+def is_efa(name):
+    return str(name).lower().startswith(_EFA_NAMES)
 
 
 def _fabric(name, roce, providers=()):
@@ -44,7 +50,9 @@ def diagnose(log, rdma_devices=(), host=None, expected_nodes=None):
     "network", "rdma_devices", "intra", "nodes", "evidence": [..], "reason", "fix", "ok", "line"}.
     """
     sig = nccllog.read(log)
-    host = host or {}
+    host = dict(host or {})
+    if any(is_efa(d) for d in rdma_devices):  # a device list handed over names EFA the way the kernel does
+        host["efa"] = True
     roce = any(kind == "RoCE" for _, kind in sig["ib_ports"])
     providers = sig["providers"]
     channels = {}
@@ -168,6 +176,11 @@ def _cause(sig, host, devs):
         return (f"InfiniBand is there (IPoIB {names}) but NCCL found no RDMA device in the container",
                 "pass /dev/infiniband into the container (--device=/dev/infiniband, --ulimit memlock=-1) and "
                 "check the image loads libibverbs")
+    if sig["ib_none"] and devs:
+        return ("the host has RDMA devices ({}) but NCCL found none in the container (NET/IB : No device found)"
+                .format(", ".join(devs)),
+                "pass them in (--device=/dev/infiniband --ulimit memlock=-1; Kubernetes: the RDMA device plugin) and "
+                "check the image has libibverbs1 and ibverbs-providers (the NIC's user-space driver)")
     return ("RDMA devices exist ({}) but NCCL connected the nodes over sockets".format(", ".join(devs) or "listed"),
             "check the image has libibverbs1/ibverbs-providers/librdmacm1 (EFA: libfabric + aws-ofi-nccl), "
             "the container sees /dev/infiniband, and NCCL_IB_DISABLE/NCCL_NET are unset")
@@ -209,7 +222,7 @@ def host_facts(sys_root="/sys", dev_root="/dev"):
     ipoib = [n for n in _listdir(os.path.join(sys_root, "class", "net"))
              if _read(os.path.join(sys_root, "class", "net", n, "type")) == "32"]  # ARPHRD_INFINIBAND
     soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-    return {"rdma": rdma, "efa": any(d["driver"] == "efa" or d["name"].startswith("efa") for d in rdma),
+    return {"rdma": rdma, "efa": any(d["driver"] == "efa" or is_efa(d["name"]) for d in rdma),
             "ipoib": sorted(ipoib), "uverbs": sorted(n for n in _listdir(os.path.join(dev_root, "infiniband"))
                                                      if n.startswith("uverbs")),
             "memlock_kib": None if soft == resource.RLIM_INFINITY else soft // 1024}

@@ -96,6 +96,18 @@ def test_an_efa_host_without_the_plugin_is_a_fallback_from_the_host_facts():
     assert d["verdict"] == "fallback" and "no net plugin" in d["reason"] and "aws-ofi-nccl" in d["fix"]
 
 
+@pytest.mark.parametrize("device", ["rdmap16s27", "efa_0"])
+def test_an_efa_device_named_by_the_user_makes_a_missing_plugin_the_cause(device):
+    """The host's device list handed over with the log (`--rdma-device`): EFA by the kernel's names for it."""
+    log = _lines("ip-10-0-0-1", "NET/Plugin : No plugin found (libnccl-net.so)", "NET/IB : No device found.",
+                 "NET/Socket : Using [0]ens32:10.0.0.1<0>", "Using network Socket",
+                 "Channel 00/0 : 0[0] -> 8[0] [send] via NET/Socket/0")
+    d = transport.diagnose(log, rdma_devices=[device])
+    assert d["verdict"] == "fallback" and "no net plugin" in d["reason"]
+    mlx = transport.diagnose(log, rdma_devices=["mlx5_0"])
+    assert mlx["reason"].startswith("the host has RDMA devices (mlx5_0) but NCCL found none in the container")
+
+
 def test_a_single_node_job_that_lists_roce_nics_is_single_node_not_between_nodes():
     log = _lines("dgx-1", "NET/IB : Using [0]mlx5_0:1/RoCE [1]mlx5_1:1/RoCE ; OOB eth0:10.0.0.1<0>",
                  "Using network IB", "comm 0x55d0 rank 0 nRanks 8 nNodes 1 localRanks 8 localRank 0 MNNVL 0",
