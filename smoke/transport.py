@@ -16,9 +16,6 @@ import os
 
 from smoke import nccllog
 
-HINT = ("NCCL fell back to TCP sockets between nodes although RDMA devices exist ({devs}): "
-        "check the image has libibverbs1/ibverbs-providers/librdmacm1 (EFA: libfabric + aws-ofi-nccl), "
-        "the pod/container sees /dev/infiniband (--device, rdma device plugin), and NCCL_IB_DISABLE/NCCL_NET are unset")
 _TCP_PROVIDERS = ("tcp", "sockets", "udp", "shm")
 # How EFA devices are named in /sys/class/infiniband on AWS (`rdmap16s27`; `efa_0` in some AMIs and in users' notes).
 _EFA_NAMES = ("efa", "rdmap")
@@ -80,7 +77,8 @@ def diagnose(log, rdma_devices=(), host=None, expected_nodes=None):
 
 def _nodes(sig, channels):
     """How many nodes the communicator spans: NCCL's own nNodes, else ranks beyond the local ones, else net
-    channels or lines from several hosts (2+), else 1 when the log shows a communicator, else None (unknown)."""
+    channels or lines from several hosts (2+), else 1 when channels connected only within the node and no
+    connection to another host failed, else None (unknown)."""
     if sig["nnodes"]:
         return max(sig["nnodes"])
     if sig["local_ranks"] and sig["nranks"] and max(sig["nranks"]) > max(sig["local_ranks"]):
